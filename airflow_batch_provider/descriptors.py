@@ -1,0 +1,56 @@
+"""Small, JSON-able records passed between tasks through XCom.
+
+No request bodies ever travel through XCom: a chunk descriptor points at the chunk's
+files on storage. Every task downstream of ChunkOperator adds keys to the descriptor it
+received, so a merge task sees the whole history of one chunk in one dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+ResultStatus = Literal["succeeded", "errored", "expired", "canceled", "missing", "invalid_output"]
+
+
+class ChunkDescriptor(TypedDict):
+    """Describe one chunk written by ChunkOperator."""
+
+    job_dir: str
+    chunk_index: int
+    num_chunks: int
+    provider: str
+    endpoint: str
+    model: str
+    requests_path: str  # JSONL, one provider wire-format request per line
+    rows_path: str  # parquet: the source columns plus ``custom_id``, in source order
+    num_requests: int
+    num_bytes: int
+    fingerprint: str  # sha256 of the requests file: same bytes, same fingerprint
+    label: str  # human name for the mapped task, e.g. "chunk 3/12 (10,000 req)"
+
+
+class SubmittedBatch(ChunkDescriptor):
+    """A chunk after SubmitBatchOperator created its provider batch."""
+
+    batch_id: str
+    input_file_id: NotRequired[str | None]
+
+
+class CompletedBatch(SubmittedBatch):
+    """A submitted chunk whose batch reached a terminal status (BatchCompleteSensor's output)."""
+
+    state: dict[str, Any]  # BatchState.to_dict()
+
+
+class ResultRecord(TypedDict):
+    """One parsed result line, normalised across providers."""
+
+    custom_id: str
+    status: ResultStatus
+    response: Any  # str for chat/completions, list[float] for embeddings, None on error
+    finish_reason: str | None
+    error: str | None
+    error_code: str | None
+    http_status: int | None
+    input_tokens: int | None
+    output_tokens: int | None

@@ -1,0 +1,84 @@
+"""Exceptions raised by airflow-batch-provider.
+
+The hierarchy, drawn once so callers can catch at the right depth::
+
+    BatchProviderError                 base of everything raised here (an AirflowException)
+    ├── InvalidInputError              the table or parameters are unusable; nothing was uploaded
+    │   └── ChunkLimitError            a request or chunk does not fit the provider's limits
+    ├── ProviderCallError              the provider's API refused or could not be reached
+    ├── UnknownBatchStatusError        the provider returned a status this package does not know
+    ├── BatchPollError                 polling failed too many times in a row
+    ├── BatchTimeoutError              the batch did not end within the sensor's timeout
+    ├── BatchEndedBadlyError           the batch ended without usable results
+    │   ├── BatchFailedError           provider-side validation or processing failure
+    │   ├── BatchExpiredError          the completion window passed
+    │   └── BatchCancelledError        the batch was cancelled
+    └── ResultsError                   result files could not be read or joined back
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk.exceptions import AirflowException
+
+
+class BatchProviderError(AirflowException):
+    """Base class of every error raised by this package."""
+
+
+class InvalidInputError(BatchProviderError):
+    """Reject input that cannot be turned into batch requests; nothing was uploaded."""
+
+    def __init__(self, message: str, rows: Sequence[Any] = ()) -> None:
+        super().__init__(message)
+        self.rows = list(rows)
+
+
+class ChunkLimitError(InvalidInputError):
+    """Reject a request or chunk that exceeds the provider's count or byte limits."""
+
+
+class ProviderCallError(BatchProviderError):
+    """Report a provider API call that failed after the SDK's and our own retries."""
+
+
+class UnknownBatchStatusError(BatchProviderError):
+    """Report a provider status string that the status mapping does not know."""
+
+
+class BatchPollError(BatchProviderError):
+    """Report that polling a batch failed more times in a row than allowed."""
+
+
+class BatchTimeoutError(BatchProviderError):
+    """Report that a batch did not end within the allowed time."""
+
+
+class BatchEndedBadlyError(BatchProviderError):
+    """Report a batch that ended failed, expired or cancelled; carries the provider's messages."""
+
+    def __init__(
+        self, message: str, batch_id: str, errors: Sequence[dict[str, Any]] = (), state: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.batch_id = batch_id
+        self.errors = list(errors)
+        self.state = state or {}
+
+
+class BatchFailedError(BatchEndedBadlyError):
+    """Report a batch the provider failed (validation errors, token limits, ...)."""
+
+
+class BatchExpiredError(BatchEndedBadlyError):
+    """Report a batch that passed its completion window before finishing."""
+
+
+class BatchCancelledError(BatchEndedBadlyError):
+    """Report a batch that was cancelled, by us or by someone else."""
+
+
+class ResultsError(BatchProviderError):
+    """Report result files that cannot be read or joined back onto the source rows."""

@@ -1,0 +1,109 @@
+"""Provider metadata read by Airflow's providers manager (entry point ``apache_airflow_provider``).
+
+Kept free of imports: Airflow calls it while its own configuration is still loading.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_OPENAI_FIELDS: dict[str, Any] = {
+    "organization": {
+        "label": "Organization",
+        "schema": {"type": ["string", "null"]},
+        "description": "Optional OpenAI organization id.",
+    },
+    "project": {
+        "label": "Project",
+        "schema": {"type": ["string", "null"]},
+        "description": "Optional OpenAI project id.",
+    },
+    "base_url": {
+        "label": "Base URL",
+        "schema": {"type": ["string", "null"]},
+        "description": "API base URL ending in /v1 (e.g. http://127.0.0.1:8089/v1 for the emulator). "
+        "Empty means https://api.openai.com/v1. The Host field is used when this is empty.",
+    },
+}
+
+_ANTHROPIC_FIELDS: dict[str, Any] = {
+    "base_url": {
+        "label": "Base URL",
+        "schema": {"type": ["string", "null"]},
+        "description": "API base URL without /v1 (e.g. http://127.0.0.1:8089 for the emulator). "
+        "Empty means https://api.anthropic.com. The Host field is used when this is empty.",
+    },
+}
+
+
+def get_provider_info() -> dict[str, Any]:
+    """Return the provider description Airflow registers (hooks, triggers, connection types)."""
+    return {
+        "package-name": "airflow-batch-provider",
+        "name": "LLM Batch Inference",
+        "description": "Batch LLM inference through provider batch APIs (OpenAI, Anthropic) and self-hosted vLLM.",
+        "versions": ["0.1.0"],
+        "integrations": [
+            {
+                "integration-name": "LLM Batch Inference",
+                "external-doc-url": "https://platform.openai.com/docs/guides/batch",
+                "tags": ["software"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "LLM Batch Inference",
+                "python-modules": [
+                    "airflow_batch_provider.hooks.base",
+                    "airflow_batch_provider.hooks.openai_batch",
+                    "airflow_batch_provider.hooks.anthropic_batch",
+                ],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "LLM Batch Inference",
+                "python-modules": [
+                    "airflow_batch_provider.operators.chunk",
+                    "airflow_batch_provider.operators.submit",
+                    "airflow_batch_provider.operators.merge",
+                ],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "LLM Batch Inference",
+                "python-modules": ["airflow_batch_provider.sensors.batch"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "LLM Batch Inference",
+                "python-modules": ["airflow_batch_provider.triggers.batch"],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.openai_batch.OpenAIBatchHook",
+                "hook-name": "OpenAI Batch",
+                "connection-type": "openai_batch",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "port", "login"],
+                    "relabeling": {"password": "API Key", "host": "Base URL"},
+                    "placeholders": {"host": "https://api.openai.com/v1"},
+                },
+                "conn-fields": _OPENAI_FIELDS,
+            },
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.anthropic_batch.AnthropicBatchHook",
+                "hook-name": "Anthropic Message Batches",
+                "connection-type": "anthropic_batch",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "port", "login"],
+                    "relabeling": {"password": "API Key", "host": "Base URL"},
+                    "placeholders": {"host": "https://api.anthropic.com"},
+                },
+                "conn-fields": _ANTHROPIC_FIELDS,
+            },
+        ],
+    }

@@ -1,0 +1,87 @@
+"""The one small interface every batch backend implements.
+
+Operators, the sensor and the trigger only talk to this interface; provider SDKs are
+imported by the concrete hooks alone. Adding a backend (AWS Bedrock, say) means one hook
+subclass and one status-mapping function.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+
+from airflow.sdk import BaseHook
+
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
+from airflow_batch_provider.limits import ProviderLimits
+from airflow_batch_provider.status import BatchState
+
+
+class BatchHook(BaseHook, ABC):
+    """Submit a chunk file as a provider batch, watch it, cancel it and read its results."""
+
+    provider: ClassVar[str]
+    limits: ClassVar[ProviderLimits]
+    default_conn_name: ClassVar[str]
+    # True when find_existing matches on a key the provider stores (safe to cancel extra matches).
+    exact_reconcile: ClassVar[bool] = False
+
+    def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__()
+        self.conn_id = conn_id or self.default_conn_name
+
+    @abstractmethod
+    def submit(self, chunk: ChunkDescriptor, *, metadata: Mapping[str, str]) -> SubmittedBatch:
+        """Upload the chunk's requests and create one batch; return the chunk plus its batch id."""
+
+    @abstractmethod
+    def get_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state (blocking call)."""
+
+    @abstractmethod
+    async def aget_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state without blocking the event loop."""
+
+    @abstractmethod
+    def cancel(self, batch_id: str) -> BatchState:
+        """Ask the provider to cancel the batch; return the state it reports."""
+
+    @abstractmethod
+    def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
+        """Yield every result of a terminal batch, streamed, in the provider's (arbitrary) order."""
+
+    def find_existing(
+        self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
+    ) -> list[BatchState]:
+        """Return batches already created for ``idempotency_key`` (newest first), for crash recovery.
+
+        Used when a submission intent was recorded but its batch id was not: the batch may exist.
+        ``since`` is the epoch time the intent was recorded (providers without batch metadata
+        match on creation time and request count). The default finds nothing.
+        """
+        return []
+
+    def batch_url(self, batch_id: str) -> str | None:
+        """Return a link to the batch in the provider's console, when there is one."""
+        return None
+
+
+def hook_class_for(provider: str) -> type[BatchHook]:
+    """Return the hook class that serves ``provider`` (imported lazily)."""
+    from airflow_batch_provider.exceptions import InvalidInputError
+
+    if provider == "openai":
+        from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
+
+        return OpenAIBatchHook
+    if provider == "anthropic":
+        from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
+
+        return AnthropicBatchHook
+    raise InvalidInputError(f"Unknown provider {provider!r}; choose 'openai' or 'anthropic'.")
+
+
+def get_batch_hook(provider: str, conn_id: str | None = None, **kwargs: Any) -> BatchHook:
+    """Build the hook for ``provider`` on ``conn_id`` (the hook's default connection when None)."""
+    return hook_class_for(provider)(conn_id=conn_id, **kwargs)

@@ -1,0 +1,269 @@
+"""OpenAIBatchHook: the OpenAI Batch API (files + batches) through the official SDK.
+
+Connection (type ``openai_batch``, default id ``openai_batch_default``): the API key in the
+password field; the base URL in the extra ``base_url`` or the host field (must end in ``/v1``;
+empty means the public API); optional extras ``organization`` and ``project``. A connection
+of the ``openai`` type made for Airflow's OpenAI provider works too (its
+``openai_client_kwargs`` extra is honoured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import cached_property
+from typing import Any, ClassVar
+
+import openai
+
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
+from airflow_batch_provider.exceptions import UnknownBatchStatusError
+from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.limits import OPENAI_LIMITS, ProviderLimits
+from airflow_batch_provider.results import parse_openai_line
+from airflow_batch_provider.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
+from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
+from airflow_batch_provider.storage import to_path
+
+IDEMPOTENCY_METADATA_KEY = "airflow_idempotency_key"
+
+_STATUS_MAP: dict[str, BatchStatus] = {
+    "validating": BatchStatus.VALIDATING,
+    "in_progress": BatchStatus.IN_PROGRESS,
+    "finalizing": BatchStatus.FINALIZING,
+    "completed": BatchStatus.COMPLETED,
+    "failed": BatchStatus.FAILED,
+    "expired": BatchStatus.EXPIRED,
+    "cancelling": BatchStatus.CANCELLING,
+    "cancelled": BatchStatus.CANCELLED,
+}
+
+
+def map_openai_status(status: str | None, batch_id: str) -> BatchStatus:
+    """Map an OpenAI batch status to :class:`BatchStatus`; raise on a status we do not know."""
+    try:
+        return _STATUS_MAP[status or ""]
+    except KeyError:
+        raise UnknownBatchStatusError(
+            f"OpenAI batch {batch_id} reports status {status!r}, which this provider does not know "
+            f"(known: {sorted(_STATUS_MAP)}). Upgrade airflow-batch-provider or report it."
+        ) from None
+
+
+def classify_openai_error(exc: BaseException) -> tuple[bool, float | None]:
+    """Say whether an SDK error is worth another attempt, and how long the server asked us to wait."""
+    if isinstance(exc, openai.APIConnectionError):  # includes timeouts
+        return True, None
+    if isinstance(exc, openai.APIStatusError):
+        retryable = exc.status_code in (408, 409, 429) or exc.status_code >= 500
+        return retryable, retry_after_seconds(exc.response.headers)
+    return False, None
+
+
+def state_from_openai(batch: Any) -> BatchState:
+    """Build a :class:`BatchState` from an SDK ``Batch`` object."""
+    counts = batch.request_counts
+    errors: tuple[dict[str, Any], ...] = ()
+    if batch.errors is not None and batch.errors.data:
+        errors = tuple(
+            {"code": e.code, "line": e.line, "message": e.message, "param": e.param} for e in batch.errors.data
+        )
+    return BatchState(
+        batch_id=batch.id,
+        provider="openai",
+        status=map_openai_status(batch.status, batch.id),
+        provider_status=batch.status,
+        counts=RequestCounts(
+            total=counts.total if counts else 0,
+            completed=counts.completed if counts else 0,
+            failed=counts.failed if counts else 0,
+        ),
+        output_file_id=batch.output_file_id,
+        error_file_id=batch.error_file_id,
+        errors=errors,
+    )
+
+
+class OpenAIBatchHook(BatchHook):
+    """Submit chunk files to the OpenAI Batch API, poll, cancel and stream results.
+
+    :param conn_id: Airflow connection id (type ``openai_batch`` or ``openai``).
+    :param retry_policy: attempts above the SDK's own retries for every API call.
+    :param max_retries: the SDK's own retry count (keep it > 0: it handles quick blips).
+    :param timeout: per-request timeout in seconds.
+    """
+
+    conn_name_attr = "conn_id"
+    default_conn_name: ClassVar[str] = "openai_batch_default"
+    conn_type = "openai_batch"
+    hook_name = "OpenAI Batch"
+
+    provider: ClassVar[str] = "openai"
+    limits: ClassVar[ProviderLimits] = OPENAI_LIMITS
+    exact_reconcile: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        conn_id: str | None = None,
+        *,
+        retry_policy: RetryPolicy | None = None,
+        max_retries: int = 2,
+        timeout: float = 600.0,
+    ) -> None:
+        super().__init__(conn_id)
+        self.retry_policy = retry_policy or RetryPolicy()
+        self.max_retries = max_retries
+        self.timeout = timeout
+
+    # -- clients ---------------------------------------------------------------------------------
+    def _client_kwargs(self, conn: Any) -> dict[str, Any]:
+        extra = conn.extra_dejson or {}
+        kwargs: dict[str, Any] = dict(extra.get("openai_client_kwargs") or {})
+        base_url = extra.get("base_url") or kwargs.pop("base_url", None) or conn.host or None
+        if base_url and "://" not in base_url:
+            base_url = f"https://{base_url}"
+        kwargs.update(
+            api_key=conn.password or extra.get("api_key") or None,
+            base_url=base_url,
+            organization=extra.get("organization") or kwargs.get("organization"),
+            project=extra.get("project") or kwargs.get("project"),
+            max_retries=self.max_retries,
+            timeout=self.timeout,
+        )
+        if not kwargs["api_key"]:
+            raise openai.OpenAIError(
+                f"Connection {self.conn_id!r} has no API key: put it in the connection's password field."
+            )
+        return kwargs
+
+    def get_conn(self) -> openai.OpenAI:
+        """Return the synchronous SDK client."""
+        return self.client
+
+    @cached_property
+    def client(self) -> openai.OpenAI:
+        """The synchronous SDK client, built once from the connection."""
+        return openai.OpenAI(**self._client_kwargs(self.get_connection(self.conn_id)))
+
+    async def aget_client(self) -> openai.AsyncOpenAI:
+        """Return the async SDK client (connection read without blocking the event loop)."""
+        if getattr(self, "_async_client", None) is None:
+            conn = await self.aget_connection(self.conn_id)
+            self._async_client = openai.AsyncOpenAI(**self._client_kwargs(conn))
+        return self._async_client
+
+    def _call(self, what: str, fn: Any) -> Any:
+        return call_with_retries(fn, what=what, classify=classify_openai_error, policy=self.retry_policy)
+
+    # -- interface ----------------------------------------------------------------------------------
+    def upload_file(self, path: str, *, chunk_label: str = "") -> str:
+        """Upload a JSONL chunk file with purpose ``batch``; return the file id (streamed, not read whole)."""
+        source = to_path(path)
+
+        def upload() -> Any:
+            with source.open("rb") as handle:
+                return self.client.files.create(file=(source.name, handle), purpose="batch")
+
+        file_obj = self._call(f"upload of {chunk_label or path}", upload)
+        return str(file_obj.id)
+
+    def create_batch(self, input_file_id: str, endpoint: str, metadata: Mapping[str, str]) -> BatchState:
+        """Create a batch over an uploaded file with the 24 h completion window."""
+        batch = self._call(
+            f"batch create for file {input_file_id}",
+            lambda: self.client.batches.create(
+                input_file_id=input_file_id,
+                endpoint=endpoint,  # type: ignore[arg-type]
+                completion_window="24h",
+                metadata=dict(metadata),
+            ),
+        )
+        return state_from_openai(batch)
+
+    def submit(self, chunk: ChunkDescriptor, *, metadata: Mapping[str, str]) -> SubmittedBatch:
+        """Upload the chunk file and create its batch."""
+        file_id = self.upload_file(chunk["requests_path"], chunk_label=chunk["label"])
+        state = self.create_batch(file_id, chunk["endpoint"], metadata)
+        self.log.info("%s: created batch %s from file %s", chunk["label"], state.batch_id, file_id)
+        return {**chunk, "batch_id": state.batch_id, "input_file_id": file_id}
+
+    def find_batches(self, metadata_key: str, value: str, *, max_pages: int = 10) -> list[BatchState]:
+        """Return recent batches whose ``metadata[metadata_key] == value`` (newest first)."""
+        found: list[BatchState] = []
+        page = self._call("batch list", lambda: self.client.batches.list(limit=100))
+        for _ in range(max_pages):
+            for batch in page.data:
+                if (batch.metadata or {}).get(metadata_key) == value:
+                    found.append(state_from_openai(batch))
+            if not page.has_next_page():
+                break
+            page = self._call("batch list (next page)", page.get_next_page)
+        return found
+
+    def find_existing(
+        self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
+    ) -> list[BatchState]:
+        """Find batches whose metadata carries ``idempotency_key`` (see SubmitBatchOperator)."""
+        return self.find_batches(IDEMPOTENCY_METADATA_KEY, idempotency_key)
+
+    def get_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state."""
+        return state_from_openai(
+            self._call(f"status of batch {batch_id}", lambda: self.client.batches.retrieve(batch_id))
+        )
+
+    async def aget_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state using the async client."""
+        client = await self.aget_client()
+        batch = await acall_with_retries(
+            lambda: client.batches.retrieve(batch_id),
+            what=f"status of batch {batch_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+        )
+        return state_from_openai(batch)
+
+    def cancel(self, batch_id: str) -> BatchState:
+        """Ask OpenAI to cancel the batch (it moves to ``cancelling``, then ``cancelled``)."""
+        return state_from_openai(
+            self._call(f"cancel of batch {batch_id}", lambda: self.client.batches.cancel(batch_id))
+        )
+
+    async def acancel(self, batch_id: str) -> BatchState:
+        """Async twin of :meth:`cancel`."""
+        client = await self.aget_client()
+        batch = await acall_with_retries(
+            lambda: client.batches.cancel(batch_id),
+            what=f"cancel of batch {batch_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+        )
+        return state_from_openai(batch)
+
+    def iter_file_lines(self, file_id: str) -> Iterator[bytes]:
+        """Stream a file's lines without loading it whole (blank lines skipped)."""
+        with self.client.files.with_streaming_response.content(file_id) as response:
+            pending = b""
+            for piece in response.iter_bytes(1 << 20):
+                pending += piece
+                lines = pending.split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        yield line
+            if pending.strip():
+                yield pending
+
+    def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
+        """Yield the parsed lines of the batch's output file, then of its error file."""
+        for file_id in (state.output_file_id, state.error_file_id):
+            if file_id:
+                for line in self.iter_file_lines(file_id):
+                    yield parse_openai_line(line)
+
+    def delete_file(self, file_id: str) -> None:
+        """Delete an uploaded or result file."""
+        self._call(f"delete of file {file_id}", lambda: self.client.files.delete(file_id))
+
+    def batch_url(self, batch_id: str) -> str | None:
+        """Link to the batch in the OpenAI platform console."""
+        return f"https://platform.openai.com/batches/{batch_id}"

@@ -1,0 +1,143 @@
+"""BatchCompleteTrigger: wait for a provider batch to end, on the triggerer, without a worker.
+
+``run()`` only awaits (the async SDK client and ``asyncio.sleep``), yields exactly one
+terminal event, and is safe to run twice: a restarted triggerer simply polls again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_batch_provider.exceptions import BatchProviderError
+from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
+from airflow_batch_provider.retry import NO_RETRY
+
+
+class BatchCompleteTrigger(BaseTrigger):
+    """Poll one batch until it reaches a terminal status, then fire one event.
+
+    Event payloads: ``{"status": "success", "state": {...}}`` when the batch reached any
+    terminal status (the sensor decides what a failed/expired/cancelled batch means),
+    ``{"status": "error", "message": ..., "state": last_state_or_None}`` when polling
+    failed ``max_poll_errors`` times in a row, and ``{"status": "timeout", ...}`` when
+    ``timeout`` seconds passed without a terminal status.
+
+    :param cancel_on_kill: cancel the provider batch when Airflow kills the deferred task.
+    """
+
+    def __init__(
+        self,
+        *,
+        provider: str,
+        conn_id: str,
+        batch_id: str,
+        poll_interval: float = 30.0,
+        timeout: float | None = None,
+        max_poll_errors: int = 5,
+        cancel_on_kill: bool = True,
+        label: str = "",
+    ) -> None:
+        super().__init__()
+        self.provider = provider
+        self.conn_id = conn_id
+        self.batch_id = batch_id
+        self.poll_interval = poll_interval
+        self.timeout = timeout
+        self.max_poll_errors = max_poll_errors
+        self.cancel_on_kill = cancel_on_kill
+        self.label = label
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return the class path and JSON-able kwargs that rebuild this trigger."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "provider": self.provider,
+                "conn_id": self.conn_id,
+                "batch_id": self.batch_id,
+                "poll_interval": self.poll_interval,
+                "timeout": self.timeout,
+                "max_poll_errors": self.max_poll_errors,
+                "cancel_on_kill": self.cancel_on_kill,
+                "label": self.label,
+            },
+        )
+
+    def _hook(self) -> BatchHook:
+        # One attempt per poll (the SDK still retries quick blips): the trigger counts failed
+        # polls itself and tolerates ``max_poll_errors`` in a row.
+        return get_batch_hook(self.provider, self.conn_id, retry_policy=NO_RETRY)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Poll until terminal; yield exactly one event."""
+        hook = self._hook()
+        started = time.monotonic()
+        errors_in_a_row = 0
+        last_state: dict[str, Any] | None = None
+        last_line = ""
+        prefix = f"{self.label}: " if self.label else ""
+        while True:
+            try:
+                state = await hook.aget_state(self.batch_id)
+            except BatchProviderError as exc:
+                errors_in_a_row += 1
+                self.log.warning(
+                    "%spoll of batch %s failed (%d/%d in a row): %s",
+                    prefix,
+                    self.batch_id,
+                    errors_in_a_row,
+                    self.max_poll_errors,
+                    exc,
+                )
+                if errors_in_a_row >= self.max_poll_errors:
+                    yield TriggerEvent(
+                        {
+                            "status": "error",
+                            "batch_id": self.batch_id,
+                            "message": f"polling batch {self.batch_id} failed {errors_in_a_row} times in a row; "
+                            f"last error: {exc}",
+                            "state": last_state,
+                        }
+                    )
+                    return
+            else:
+                errors_in_a_row = 0
+                last_state = state.to_dict()
+                line = state.progress_line()
+                if line != last_line:
+                    self.log.info("%s%s", prefix, line)
+                    last_line = line
+                if state.status.is_terminal:
+                    yield TriggerEvent({"status": "success", "batch_id": self.batch_id, "state": last_state})
+                    return
+            if self.timeout is not None and time.monotonic() - started >= self.timeout:
+                yield TriggerEvent(
+                    {
+                        "status": "timeout",
+                        "batch_id": self.batch_id,
+                        "message": f"batch {self.batch_id} did not end within {self.timeout:.0f} s",
+                        "state": last_state,
+                    }
+                )
+                return
+            await asyncio.sleep(self.poll_interval)
+
+    async def on_kill(self) -> None:
+        """Cancel the provider batch when the deferred task is killed (Airflow 3.3+)."""
+        if not self.cancel_on_kill:
+            return
+        hook = get_batch_hook(self.provider, self.conn_id)
+        acancel = getattr(hook, "acancel", None)
+        try:
+            if acancel is not None:
+                await acancel(self.batch_id)
+            else:
+                await asyncio.to_thread(hook.cancel, self.batch_id)
+            self.log.info("cancelled batch %s because its task was killed", self.batch_id)
+        except BatchProviderError as exc:
+            self.log.warning("could not cancel batch %s on kill: %s", self.batch_id, exc)

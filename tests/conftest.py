@@ -1,0 +1,57 @@
+"""Test-wide settings: an isolated AIRFLOW_HOME, no example DAGs, unit-test mode.
+
+The environment is set before anything imports Airflow. The batch emulator fixtures come
+from the package's pytest plugin (``airflow_batch_provider.emulator.pytest_plugin``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_HOME = Path(os.environ.get("BATCH_TEST_AIRFLOW_HOME") or tempfile.mkdtemp(prefix="abp-airflow-home-"))
+
+os.environ["AIRFLOW_HOME"] = str(_HOME)
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO_ROOT / "dags")
+os.environ.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{_HOME}/airflow.db")
+# Keep SDK clients from ever reaching a real provider from tests.
+os.environ.pop("OPENAI_API_KEY", None)
+os.environ.pop("ANTHROPIC_API_KEY", None)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def openai_conn(batch_emulator, monkeypatch):
+    """Point the default OpenAI batch connection at the emulator; return the emulator."""
+    import json
+
+    conn = {"conn_type": "openai_batch", "host": batch_emulator.openai_base_url, "password": "emulator-key"}
+    monkeypatch.setenv("AIRFLOW_CONN_OPENAI_BATCH_DEFAULT", json.dumps(conn))
+    return batch_emulator
+
+
+@pytest.fixture
+def openai_hook(openai_conn):
+    """An OpenAIBatchHook on the emulator with fast retries."""
+    from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
+    from airflow_batch_provider.retry import RetryPolicy
+
+    return OpenAIBatchHook(retry_policy=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05))
+
+
+def wait_terminal(hook, batch_id: str, timeout: float = 30.0):
+    """Poll a batch until it ends (tests only)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        state = hook.get_state(batch_id)
+        if state.status.is_terminal or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)

@@ -1,0 +1,117 @@
+"""SubmitBatchOperator: one batch per chunk, whatever retries and crashes happen in between."""
+
+from __future__ import annotations
+
+from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
+from airflow_batch_provider.operators.submit import CHECKPOINT_KEY, SubmitBatchOperator, idempotency_key
+from tests.conftest import wait_terminal
+from tests.support import InMemoryTaskStateStore, make_context, write_chunk
+
+
+def _chunk(tmp_path, n: int = 3):
+    return write_chunk(tmp_path, [{"custom_id": f"s{i}", "text": f"t{i}"} for i in range(n)])
+
+
+def _op(chunk) -> SubmitBatchOperator:
+    return SubmitBatchOperator(task_id="submit", chunk=chunk)
+
+
+def test_submit_records_intent_file_and_batch(openai_conn, tmp_path):
+    store = InMemoryTaskStateStore()
+    result = _op(_chunk(tmp_path)).execute(make_context(store))
+    assert result["batch_id"] and result["input_file_id"]
+    record = store.get(CHECKPOINT_KEY)
+    assert record["batch_id"] == result["batch_id"]
+    assert record["input_file_id"] == result["input_file_id"]
+    # intent first, then the uploaded file, then the batch id
+    keys_written = [set(value) for key, value in store.writes if key == CHECKPOINT_KEY]
+    assert "batch_id" not in keys_written[0] and "input_file_id" not in keys_written[0]
+    assert "input_file_id" in keys_written[1] and "batch_id" not in keys_written[1]
+    assert "batch_id" in keys_written[-1]
+    assert openai_conn.stats()["openai"]["batches_created"] == 1
+
+
+def test_retry_reattaches_instead_of_resubmitting(openai_conn, tmp_path):
+    store = InMemoryTaskStateStore()
+    chunk = _chunk(tmp_path)
+    first = _op(chunk).execute(make_context(store))
+    second = _op(chunk).execute(make_context(store))  # a retry of the same task instance
+    assert second["batch_id"] == first["batch_id"]
+    stats = openai_conn.stats()["openai"]
+    assert stats["batches_created"] == 1 and stats["files_uploaded"] == 1
+
+
+def test_crash_after_create_before_checkpoint_finds_the_batch(openai_conn, tmp_path):
+    """Intent recorded, batch created, batch id lost: the retry finds it through batch metadata."""
+    store = InMemoryTaskStateStore()
+    chunk = _chunk(tmp_path)
+    first = _op(chunk).execute(make_context(store))
+    record = store.get(CHECKPOINT_KEY)
+    del record["batch_id"]  # what a SIGKILL between create and checkpoint leaves behind
+    store.set(CHECKPOINT_KEY, record)
+    second = _op(chunk).execute(make_context(store))
+    assert second["batch_id"] == first["batch_id"]
+    assert openai_conn.stats()["openai"]["batches_created"] == 1
+
+
+def test_crash_after_upload_reuses_the_file(openai_conn, tmp_path):
+    store = InMemoryTaskStateStore()
+    chunk = _chunk(tmp_path)
+    hook = OpenAIBatchHook()
+    file_id = hook.upload_file(chunk["requests_path"])
+    key = idempotency_key("test_dag", "run-1", "submit", 0, chunk["fingerprint"])
+    store.set(CHECKPOINT_KEY, {"fingerprint": chunk["fingerprint"], "idempotency_key": key, "input_file_id": file_id})
+    result = _op(chunk).execute(make_context(store))
+    assert result["input_file_id"] == file_id
+    stats = openai_conn.stats()["openai"]
+    assert stats["files_uploaded"] == 1 and stats["batches_created"] == 1
+
+
+def test_duplicates_found_on_reconcile_are_cancelled(openai_conn, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    chunk = _chunk(tmp_path)
+    hook = OpenAIBatchHook()
+    key = idempotency_key("test_dag", "run-1", "submit", 0, chunk["fingerprint"])
+    file_id = hook.upload_file(chunk["requests_path"])
+    a = hook.create_batch(file_id, chunk["endpoint"], {"airflow_idempotency_key": key})
+    b = hook.create_batch(file_id, chunk["endpoint"], {"airflow_idempotency_key": key})
+    store = InMemoryTaskStateStore()
+    store.set(CHECKPOINT_KEY, {"fingerprint": chunk["fingerprint"], "idempotency_key": key})
+    result = _op(chunk).execute(make_context(store))
+    kept, other = (b, a) if result["batch_id"] == b.batch_id else (a, b)
+    assert result["batch_id"] == kept.batch_id
+    assert wait_terminal(hook, other.batch_id).status.value == "cancelled"
+    assert openai_conn.stats()["openai"]["batches_created"] == 2
+
+
+def test_a_cancelled_batch_is_replaced_on_retry(openai_conn, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    store = InMemoryTaskStateStore()
+    chunk = _chunk(tmp_path)
+    first = _op(chunk).execute(make_context(store))
+    hook = OpenAIBatchHook()
+    hook.cancel(first["batch_id"])
+    wait_terminal(hook, first["batch_id"])
+    second = _op(chunk).execute(make_context(store))
+    assert second["batch_id"] != first["batch_id"]
+    assert second["input_file_id"] == first["input_file_id"]  # the upload is reused
+
+
+def test_other_map_index_or_run_gets_its_own_batch(openai_conn, tmp_path):
+    chunk = _chunk(tmp_path)
+    a = _op(chunk).execute(make_context(InMemoryTaskStateStore(), run_id="2026-01-01"))
+    b = _op(chunk).execute(make_context(InMemoryTaskStateStore(), run_id="2026-01-02"))
+    assert a["batch_id"] != b["batch_id"]
+
+
+def test_without_a_store_it_still_reconciles(openai_conn, tmp_path):
+    chunk = _chunk(tmp_path)
+    first = _op(chunk).execute(make_context(None))
+    second = _op(chunk).execute(make_context(None))
+    assert first["batch_id"] == second["batch_id"]
+    assert openai_conn.stats()["openai"]["batches_created"] == 1
+
+
+def test_map_index_template_names_the_chunk():
+    op = SubmitBatchOperator(task_id="s", chunk={"label": "chunk 1/2"})
+    assert op.map_index_template == "{{ task.chunk['label'] }}"

@@ -1,0 +1,124 @@
+"""BatchCompleteSensor: defer, poke, and the typed errors for batches that end badly."""
+
+from __future__ import annotations
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_batch_provider.exceptions import (
+    BatchCancelledError,
+    BatchExpiredError,
+    BatchFailedError,
+    BatchPollError,
+    BatchTimeoutError,
+)
+from airflow_batch_provider.sensors.batch import BatchCompleteSensor, default_deferrable
+from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
+from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
+from tests.conftest import wait_terminal
+from tests.support import make_context, write_chunk
+
+
+def _sensor(submitted, **kwargs) -> BatchCompleteSensor:
+    return BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, **kwargs)
+
+
+def test_defers_with_an_async_trigger_while_running(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    submitted = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]), metadata={})
+    sensor = _sensor(submitted, deferrable=True)
+    with pytest.raises(TaskDeferred) as info:
+        sensor.execute(make_context())
+    trigger = info.value.trigger
+    assert isinstance(trigger, BatchCompleteTrigger)
+    assert trigger.batch_id == submitted["batch_id"]
+    assert info.value.method_name == "execute_complete"
+    openai_hook.cancel(submitted["batch_id"])
+
+
+def test_returns_at_once_when_already_done(openai_hook, tmp_path):
+    submitted = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]), metadata={})
+    wait_terminal(openai_hook, submitted["batch_id"])
+    result = _sensor(submitted, deferrable=True).execute(make_context())
+    assert result["batch_id"] == submitted["batch_id"]
+    assert result["state"]["status"] == "completed"
+    assert result["label"] == submitted["label"]
+
+
+def test_poke_mode_when_not_deferrable(openai_hook, tmp_path):
+    submitted = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]), metadata={})
+    result = _sensor(submitted, deferrable=False).execute(make_context())
+    assert result["state"]["status"] == "completed"
+
+
+def test_validation_failure_raises_with_provider_codes(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(fail_validation=True)
+    submitted = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]), metadata={})
+    wait_terminal(openai_hook, submitted["batch_id"])
+    with pytest.raises(BatchFailedError) as info:
+        _sensor(submitted, deferrable=True).execute(make_context())
+    assert submitted["batch_id"] in str(info.value)
+    assert "chunk 1/1" in str(info.value)
+    assert info.value.errors and info.value.errors[0]["code"]
+
+
+def _state(status: BatchStatus, provider_status: str) -> dict:
+    return BatchState(
+        batch_id="batch_1",
+        provider="openai",
+        status=status,
+        provider_status=provider_status,
+        counts=RequestCounts(total=10, completed=4, failed=0),
+        errors=({"code": "token_limit_exceeded", "line": None, "message": "too many tokens", "param": None},),
+    ).to_dict()
+
+
+@pytest.mark.parametrize(
+    ("status", "provider_status", "error"),
+    [
+        (BatchStatus.FAILED, "failed", BatchFailedError),
+        (BatchStatus.EXPIRED, "expired", BatchExpiredError),
+        (BatchStatus.CANCELLED, "cancelled", BatchCancelledError),
+    ],
+    ids=["failed", "expired", "cancelled"],
+)
+def test_execute_complete_raises_typed_errors(status, provider_status, error):
+    batch = {"batch_id": "batch_1", "provider": "openai", "label": "chunk 2/3 (10 req)"}
+    sensor = _sensor(batch, deferrable=True)
+    with pytest.raises(error) as info:
+        sensor.execute_complete(make_context(), {"status": "success", "state": _state(status, provider_status)})
+    assert "chunk 2/3" in str(info.value) and "batch_1" in str(info.value)
+    assert info.value.state["status"] == status.value
+
+
+def test_execute_complete_success_passes_the_state_on():
+    batch = {"batch_id": "batch_1", "provider": "openai", "label": "c"}
+    out = _sensor(batch).execute_complete(
+        make_context(), {"status": "success", "state": _state(BatchStatus.COMPLETED, "completed")}
+    )
+    assert out["state"]["status"] == "completed" and out["batch_id"] == "batch_1"
+
+
+def test_poll_error_event_raises():
+    batch = {"batch_id": "batch_1", "provider": "openai", "label": "c"}
+    with pytest.raises(BatchPollError, match="5 times"):
+        _sensor(batch).execute_complete(make_context(), {"status": "error", "message": "failed 5 times in a row"})
+
+
+def test_timeout_event_cancels_and_raises(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    submitted = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]), metadata={})
+    with pytest.raises(BatchTimeoutError):
+        _sensor(submitted).execute_complete(make_context(), {"status": "timeout", "message": "did not end"})
+    assert wait_terminal(openai_hook, submitted["batch_id"]).status is BatchStatus.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("env_value", "expected"), [(None, True), ("false", False), ("True", True)], ids=["unset", "off", "on"]
+)
+def test_default_deferrable_honours_an_explicit_setting(monkeypatch, env_value, expected):
+    if env_value is None:
+        monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", raising=False)
+    else:
+        monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", env_value)
+    assert default_deferrable() is expected

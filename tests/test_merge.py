@@ -1,0 +1,102 @@
+"""Merging results back onto source rows: correctness, error lines, idempotent reruns."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_batch_provider.exceptions import ResultsError
+from airflow_batch_provider.operators.merge import MergeResultsOperator
+from tests.conftest import wait_terminal
+from tests.support import make_context, write_chunk
+
+
+def _complete(hook, chunk):
+    submitted = hook.submit(chunk, metadata={})
+    state = wait_terminal(hook, submitted["batch_id"])
+    return {**submitted, "state": state.to_dict()}
+
+
+def _rows(n: int, start: int = 0, prefix: str = "m"):
+    return [{"custom_id": f"{prefix}{i}", "text": f"item {i}", "sku": i} for i in range(start, start + n)]
+
+
+def _read(folder):
+    return pq.read_table(folder).to_pylist()
+
+
+def test_join_is_row_by_row_correct(openai_hook, tmp_path):
+    rows_a, rows_b = _rows(40), _rows(30, start=40)
+    batches = [
+        _complete(openai_hook, write_chunk(tmp_path / "j", rows_a, index=0, num_chunks=2)),
+        _complete(openai_hook, write_chunk(tmp_path / "j", rows_b, index=1, num_chunks=2)),
+    ]
+    out = tmp_path / "out"
+    summary = MergeResultsOperator(task_id="merge", batches=batches, output_dir=str(out)).execute(make_context())
+    assert summary["rows"] == 70 and summary["succeeded"] == 70 and summary["chunks"] == 2
+    merged = _read(out)
+    assert [r["custom_id"] for r in merged] == [r["custom_id"] for r in rows_a + rows_b]  # source order kept
+    expected_batch = {r["custom_id"]: b["batch_id"] for b, rows in zip(batches, (rows_a, rows_b)) for r in rows}
+    # the emulator answers deterministically per prompt: look each answer up independently
+    answers = {
+        r["custom_id"]: r for b in batches for r in openai_hook.iter_results(openai_hook.get_state(b["batch_id"]))
+    }
+    for row in merged:
+        assert row["sku"] == int(row["custom_id"][1:])
+        assert row["batch_id"] == expected_batch[row["custom_id"]]
+        assert row["status"] == "succeeded" and row["response"] == answers[row["custom_id"]]["response"]
+        assert row["input_tokens"] == answers[row["custom_id"]]["input_tokens"]
+        assert row["finish_reason"] in ("stop", "length")
+        assert row["error"] is None
+    assert (out / "_SUMMARY.json").exists()
+
+
+def test_error_file_lines_and_missing_results(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(invalid_line_rate=0.5, seed=3)
+    rows = _rows(40)
+    batch = _complete(openai_hook, write_chunk(tmp_path / "j", rows))
+    # a row with no request at all must still appear once, as "missing"
+    extra = write_chunk(tmp_path / "k", [*rows, {"custom_id": "ghost", "text": "x", "sku": -1}], lines=[])
+    batch = {**batch, "rows_path": extra["rows_path"]}
+    out = tmp_path / "out"
+    summary = MergeResultsOperator(task_id="merge", batches=[batch], output_dir=str(out)).execute(make_context())
+    merged = {r["custom_id"]: r for r in _read(out)}
+    assert len(merged) == 41
+    assert merged["ghost"]["status"] == "missing" and batch["batch_id"] in merged["ghost"]["error"]
+    errored = [r for r in merged.values() if r["status"] == "errored"]
+    assert errored and all(r["error"] and r["response"] is None for r in errored)
+    assert summary["statuses"]["errored"] == len(errored)
+    assert summary["succeeded"] + len(errored) + 1 == 41
+
+
+def test_rerun_rewrites_the_same_files(openai_hook, tmp_path):
+    batch = _complete(openai_hook, write_chunk(tmp_path / "j", _rows(20)))
+    out = tmp_path / "out"
+    op = MergeResultsOperator(task_id="merge", batches=[batch], output_dir=str(out))
+    op.execute(make_context())
+    first = _read(out)
+    op.execute(make_context())
+    assert _read(out) == first
+    assert sorted(p.name for p in out.iterdir()) == ["_SUMMARY.json", "part-00000.parquet"]
+
+
+def test_stale_parts_of_a_larger_earlier_run_are_removed(openai_hook, tmp_path):
+    out = tmp_path / "out"
+    (out).mkdir()
+    (out / "part-00007.parquet").write_bytes(b"old")
+    batch = _complete(openai_hook, write_chunk(tmp_path / "j", _rows(5)))
+    MergeResultsOperator(task_id="merge", batches=[batch], output_dir=str(out)).execute(make_context())
+    assert not (out / "part-00007.parquet").exists()
+    assert len(_read(out)) == 5
+
+
+def test_source_column_named_like_a_result_column_is_refused(openai_hook, tmp_path):
+    rows = [{"custom_id": "x1", "text": "t", "status": "active"}]
+    batch = _complete(openai_hook, write_chunk(tmp_path / "j", rows))
+    with pytest.raises(ResultsError, match="'status'"):
+        MergeResultsOperator(task_id="merge", batches=[batch], output_dir=str(tmp_path / "o")).execute(make_context())
+
+
+def test_no_batches_is_a_clear_error(tmp_path):
+    with pytest.raises(ResultsError, match="no batches"):
+        MergeResultsOperator(task_id="merge", batches=[], output_dir=str(tmp_path)).execute(make_context())

@@ -1,0 +1,84 @@
+"""BatchCompleteTrigger driven directly (``[e async for e in trigger.run()]``) against the emulator."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+
+from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
+from tests.conftest import wait_terminal
+from tests.support import write_chunk
+
+
+async def _events(trigger: BatchCompleteTrigger) -> list:
+    return [event async for event in trigger.run()]
+
+
+def _trigger(batch_id: str, **kwargs) -> BatchCompleteTrigger:
+    defaults = {"provider": "openai", "conn_id": "openai_batch_default", "batch_id": batch_id, "poll_interval": 0.05}
+    return BatchCompleteTrigger(**{**defaults, **kwargs})
+
+
+def test_serialize_round_trip():
+    trigger = _trigger("batch_1", timeout=90.0, max_poll_errors=3, cancel_on_kill=False, label="chunk 1/2")
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+    assert rebuilt.serialize() == (path, kwargs)
+    assert path == "airflow_batch_provider.triggers.batch.BatchCompleteTrigger"
+
+
+def test_runs_to_one_terminal_event(openai_hook, tmp_path):
+    chunk = write_chunk(tmp_path, [{"custom_id": f"t{i}", "text": "x"} for i in range(10)])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    events = asyncio.run(_events(_trigger(batch_id)))
+    assert len(events) == 1
+    payload = events[0].payload
+    assert payload["status"] == "success"
+    assert payload["state"]["status"] == "completed"
+    assert payload["state"]["output_file_id"]
+
+
+def test_poll_error_streak_gives_an_error_event(openai_conn, openai_hook, tmp_path):
+    chunk = write_chunk(tmp_path, [{"custom_id": "p", "text": "x"}])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    wait_terminal(openai_hook, batch_id)
+    openai_conn.set_faults(http_500_rate=1.0)
+    events = asyncio.run(_events(_trigger(batch_id, max_poll_errors=3)))
+    assert len(events) == 1
+    assert events[0].payload["status"] == "error"
+    assert "3 times in a row" in events[0].payload["message"]
+
+
+def test_transient_poll_errors_are_tolerated(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(slow=0.5, http_500_rate=0.3)
+    chunk = write_chunk(tmp_path, [{"custom_id": "q", "text": "x"}])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    events = asyncio.run(_events(_trigger(batch_id, max_poll_errors=50)))
+    assert [e.payload["status"] for e in events] == ["success"]
+
+
+def test_timeout_event(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    chunk = write_chunk(tmp_path, [{"custom_id": "s", "text": "x"}])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    events = asyncio.run(_events(_trigger(batch_id, timeout=0.3)))
+    assert [e.payload["status"] for e in events] == ["timeout"]
+    openai_hook.cancel(batch_id)
+
+
+def test_on_kill_cancels_the_batch(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    chunk = write_chunk(tmp_path, [{"custom_id": "k", "text": "x"}])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    asyncio.run(_trigger(batch_id).on_kill())
+    assert wait_terminal(openai_hook, batch_id).status.value == "cancelled"
+
+
+def test_on_kill_respects_cancel_on_kill_false(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    chunk = write_chunk(tmp_path, [{"custom_id": "k2", "text": "x"}])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    asyncio.run(_trigger(batch_id, cancel_on_kill=False).on_kill())
+    assert openai_hook.get_state(batch_id).status.value in ("validating", "in_progress")
+    openai_hook.cancel(batch_id)
