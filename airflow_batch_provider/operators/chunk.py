@@ -1,0 +1,174 @@
+"""ChunkOperator: turn a table into provider-ready JSONL chunk files, one descriptor per chunk."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+
+from airflow_batch_provider.chunks import DEFAULT_CHUNK_SIZE, build_chunks, check_byte_cap, check_chunk_size
+from airflow_batch_provider.descriptors import ChunkDescriptor
+from airflow_batch_provider.requests import RequestSpec, check_endpoint, default_endpoint
+from airflow_batch_provider.templates import PromptTemplate
+
+WORK_DIR_ENV = "AIRFLOW_BATCH_WORK_DIR"
+_UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def default_work_dir() -> str:
+    """Return ``$AIRFLOW_BATCH_WORK_DIR``, else ``$AIRFLOW_HOME/batch_jobs`` (``~/airflow`` when unset)."""
+    configured = os.environ.get(WORK_DIR_ENV)
+    if configured:
+        return configured
+    home = os.environ.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
+    return os.path.join(home, "batch_jobs")
+
+
+def sanitise_path_part(text: str) -> str:
+    """Return ``text`` with every run of characters outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
+    cleaned = _UNSAFE_PATH_CHARS.sub("_", text).strip("._")
+    return cleaned or "_"
+
+
+class ChunkOperator(BaseOperator):
+    """Validate a table and write it as JSONL request chunks; return one descriptor per chunk.
+
+    Point it at a table and map the next step over its output::
+
+        chunks = ChunkOperator(
+            task_id="chunk",
+            source="s3://bucket/products.parquet",
+            prompt_template="Classify this product: {title}\\n{description}",
+            model="gpt-4o-mini",
+            id_column="product_id",
+            request_params={"max_tokens": 5, "temperature": 0},
+        )
+        SubmitBatchOperator.partial(task_id="submit").expand(chunk=chunks.output)
+
+    Bad input (missing columns, null or duplicate ids, blank prompts, a request over the byte
+    cap...) fails here with the rows named, before anything is submitted, and leaves no
+    half-written files: chunks are written to a staging folder and moved into ``job_dir/chunks``
+    only once the whole table validated. Re-running replaces ``job_dir/chunks`` with identical files.
+
+    **Prompt template vs Jinja.** ``prompt_template`` uses ``str.format`` fields (``{title}``) and is
+    deliberately *not* a template field: Jinja would treat ``{{ }}`` — which ``str.format`` uses
+    for literal braces — as an expression. Single-brace ``{column}`` fields are all it needs; pass
+    run-time values through the table or through ``system_prompt`` (which is Jinja-templated).
+
+    :param source: table path or URL (``s3://``, ``file://``...): ``.parquet``/``.pq``, ``.csv``,
+        ``.jsonl``/``.ndjson`` or a folder of one of them. Templated.
+    :param prompt_template: ``str.format`` template over the table's columns; not templated.
+    :param model: model name written into every request. Templated.
+    :param provider: ``"openai"`` (default) or ``"anthropic"``.
+    :param endpoint: OpenAI ``/v1/chat/completions`` (default), ``/v1/embeddings``, ``/v1/completions``;
+        Anthropic ``/v1/messages`` (default).
+    :param job_dir: folder for this job's files; default
+        ``{$AIRFLOW_BATCH_WORK_DIR or $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}/{task_id}``. Templated.
+    :param system_prompt: optional system prompt. Templated.
+    :param id_column: column whose values become custom_ids; default: a hash of each row. Templated.
+    :param request_params: request parameters passed into every request body (``max_tokens``,
+        ``temperature``, ``stop``...); Anthropic requires ``max_tokens``. Not templated: Jinja would
+        turn numbers into strings.
+    :param response_schema: JSON Schema dict or pydantic model class for structured output.
+    :param chunk_size: requests per chunk, 1 … 50,000 (OpenAI) / 100,000 (Anthropic).
+    :param byte_cap: bytes per chunk file; default: the provider's safe cap.
+    :param columns: source columns to keep in the rows files (template and id columns always are).
+    """
+
+    template_fields: Sequence[str] = ("source", "job_dir", "model", "system_prompt", "id_column")
+    ui_color = "#eef7e8"
+
+    def __init__(
+        self,
+        *,
+        source: str,
+        prompt_template: str,
+        model: str,
+        provider: str = "openai",
+        endpoint: str | None = None,
+        job_dir: str | None = None,
+        system_prompt: str | None = None,
+        id_column: str | None = None,
+        request_params: Mapping[str, Any] | None = None,
+        response_schema: Mapping[str, Any] | type[Any] | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        byte_cap: int | None = None,
+        columns: Sequence[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        # Cheap checks run at DAG parse time, so a bad argument shows as an import error, not a failed run.
+        self.endpoint = endpoint or default_endpoint(provider)
+        check_endpoint(provider, self.endpoint)
+        check_chunk_size(chunk_size, provider)
+        check_byte_cap(byte_cap, provider)
+        self.prompt_template = PromptTemplate(prompt_template).template
+        self.source = source
+        self.job_dir = job_dir
+        self.model = model
+        self.provider = provider
+        self.system_prompt = system_prompt
+        self.id_column = id_column
+        self.request_params = dict(request_params or {})
+        self.response_schema = response_schema
+        self.chunk_size = chunk_size
+        self.byte_cap = byte_cap
+        self.columns = list(columns) if columns is not None else None
+        # model and system_prompt may still hold Jinja here; every other request check can run now.
+        self._spec(model if isinstance(model, str) else "model", system_prompt)
+
+    def _spec(self, model: str, system_prompt: str | None) -> RequestSpec:
+        return RequestSpec(
+            provider=self.provider,
+            model=model,
+            endpoint=self.endpoint,
+            system_prompt=system_prompt,
+            params=self.request_params,
+            response_schema=self.response_schema,
+        )
+
+    def resolve_job_dir(self, context: Context) -> str:
+        """Return ``job_dir``, or the default per-run folder built from the context."""
+        if self.job_dir:
+            return str(self.job_dir)
+        ti = context.get("ti")
+        run_id = context.get("run_id") or getattr(context.get("dag_run"), "run_id", None) or getattr(ti, "run_id", None)
+        task_dir = self.task_id
+        map_index = getattr(ti, "map_index", None)
+        if isinstance(map_index, int) and map_index >= 0:
+            task_dir = f"{task_dir}-{map_index}"
+        parts = (self.dag_id or "no_dag", str(run_id or "manual"), task_dir)
+        return os.path.join(default_work_dir(), *(sanitise_path_part(p) for p in parts))
+
+    def execute(self, context: Context) -> list[ChunkDescriptor]:
+        """Write the chunk files and return their descriptors (small dicts, safe for XCom)."""
+        job_dir = self.resolve_job_dir(context)
+        spec = self._spec(self.model, self.system_prompt)
+        self.log.info(
+            "Chunking %s for %s %s (%s) into %s", self.source, spec.provider, spec.endpoint, spec.model, job_dir
+        )
+        result = build_chunks(
+            self.source,
+            job_dir,
+            spec,
+            self.prompt_template,
+            id_column=self.id_column,
+            chunk_size=self.chunk_size,
+            byte_cap=self.byte_cap,
+            columns=self.columns,
+        )
+        rate = result.num_rows / result.seconds if result.seconds > 0 else 0.0
+        summary = [
+            ("chunks", f"{len(result.descriptors):,}"),
+            ("requests", f"{result.num_rows:,}"),
+            ("bytes", f"{result.num_bytes:,}"),
+            ("ids derived", f"{result.derived_ids:,}"),
+            ("seconds", f"{result.seconds:,.1f} ({rate:,.0f} rows/s)"),
+            ("written to", f"{job_dir}/chunks"),
+        ]
+        width = max(len(name) for name, _ in summary)
+        self.log.info("Chunk summary:\n%s", "\n".join(f"  {name:<{width}}  {value}" for name, value in summary))
+        return result.descriptors

@@ -1,0 +1,127 @@
+"""ChunkOperator: argument checks at DAG parse time and execute() with a plain context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from airflow.sdk import DAG
+
+from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.operators.chunk import ChunkOperator, sanitise_path_part
+
+PROMPT = "Classify this product: {title}\nAnswer with {{one}} label."
+
+
+def _table(tmp_path: Path, n: int = 30) -> str:
+    path = tmp_path / "products.parquet"
+    pq.write_table(
+        pa.table({"product_id": [f"p{i}" for i in range(n)], "title": [f"Product {i}" for i in range(n)]}), path
+    )
+    return str(path)
+
+
+def _operator(**kwargs: Any) -> ChunkOperator:
+    arguments: dict[str, Any] = {
+        "task_id": "chunk",
+        "source": "/nowhere.parquet",
+        "prompt_template": PROMPT,
+        "model": "gpt-4o-mini",
+        **kwargs,
+    }
+    with DAG(dag_id="product_tags", schedule=None):
+        return ChunkOperator(**arguments)
+
+
+def test_execute_writes_chunks_and_returns_descriptors(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    op = _operator(
+        source=_table(tmp_path),
+        job_dir=str(job_dir),
+        id_column="product_id",
+        system_prompt="Be brief.",
+        request_params={"max_tokens": 5},
+        chunk_size=12,
+    )
+    descriptors = op.execute({})  # type: ignore[arg-type]
+    assert [d["num_requests"] for d in descriptors] == [12, 12, 6]
+    assert [d["label"] for d in descriptors] == ["chunk 1/3 (12 req)", "chunk 2/3 (12 req)", "chunk 3/3 (6 req)"]
+    assert orjson.loads(orjson.dumps(descriptors)) == descriptors
+    first = orjson.loads(Path(descriptors[0]["requests_path"]).read_bytes().splitlines()[0])
+    assert first["custom_id"] == "p0"
+    assert first["body"] == {
+        "model": "gpt-4o-mini",
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Classify this product: Product 0\nAnswer with {one} label."},
+        ],
+        "max_tokens": 5,
+    }
+    assert Path(descriptors[0]["requests_path"]).parent == job_dir / "chunks"
+
+
+def test_default_job_dir_comes_from_the_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "work"))
+    op = _operator(source=_table(tmp_path, 3), provider="anthropic", request_params={"max_tokens": 10})
+    context = {"run_id": "manual__2026-01-01T00:00:00+00:00", "ti": SimpleNamespace(map_index=-1)}
+    descriptors = op.execute(context)  # type: ignore[arg-type]
+    expected = tmp_path / "work" / "product_tags" / "manual__2026-01-01T00_00_00_00_00" / "chunk"
+    assert descriptors[0]["job_dir"] == str(expected)
+    assert descriptors[0]["endpoint"] == "/v1/messages"
+    mapped = op.resolve_job_dir({"run_id": "r", "ti": SimpleNamespace(map_index=4)})  # type: ignore[arg-type]
+    assert mapped == str(tmp_path / "work" / "product_tags" / "r" / "chunk-4")
+
+
+def test_default_work_dir_falls_back_to_airflow_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AIRFLOW_BATCH_WORK_DIR", raising=False)
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
+    op = _operator()
+    job_dir = op.resolve_job_dir({"dag_run": SimpleNamespace(run_id="scheduled__x")})  # type: ignore[arg-type]
+    assert job_dir == str(tmp_path / "home" / "batch_jobs" / "product_tags" / "scheduled__x" / "chunk")
+
+
+def test_bad_input_fails_in_execute_and_leaves_nothing(tmp_path: Path) -> None:
+    source = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"product_id": ["a", "a"], "title": ["x", "y"]}), source)
+    op = _operator(source=str(source), job_dir=str(tmp_path / "job"), id_column="product_id")
+    with pytest.raises(InvalidInputError, match="id 'a' at rows 0 and 1"):
+        op.execute({})  # type: ignore[arg-type]
+    assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        pytest.param({"chunk_size": 0}, "chunk_size must be an integer from 1 to 50,000", id="chunk-size-zero"),
+        pytest.param({"chunk_size": 60_000}, "got 60000", id="chunk-size-over-openai"),
+        pytest.param({"byte_cap": 0}, "byte_cap", id="byte-cap-zero"),
+        pytest.param({"provider": "gemini"}, "Unknown provider 'gemini'", id="unknown-provider"),
+        pytest.param({"endpoint": "/v1/responses"}, "accepted: /v1/chat/completions", id="unsupported-endpoint"),
+        pytest.param({"provider": "anthropic"}, "max_tokens", id="anthropic-without-max-tokens"),
+        pytest.param(
+            {"endpoint": "/v1/embeddings", "system_prompt": "x"}, "takes no system prompt", id="embeddings-system"
+        ),
+        pytest.param({"prompt_template": "{0}"}, "positional field", id="positional-template"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(InvalidInputError, match=fragment):
+        _operator(**kwargs)
+
+
+def test_template_fields_exclude_the_prompt_template() -> None:
+    op = _operator(model="{{ params.model }}", system_prompt="{{ params.system }}")
+    assert set(op.template_fields) == {"source", "job_dir", "model", "system_prompt", "id_column"}
+    assert "prompt_template" not in op.template_fields
+    assert op.prompt_template == PROMPT
+
+
+def test_sanitise_path_part() -> None:
+    assert sanitise_path_part("manual__2026-01-01T00:00:00+00:00") == "manual__2026-01-01T00_00_00_00_00"
+    assert sanitise_path_part("../..") == "_"
+    assert sanitise_path_part("a b/c") == "a_b_c"

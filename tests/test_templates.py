@@ -1,0 +1,143 @@
+"""Prompt template compilation, batch rendering (fast and per-row paths) and row problems."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.templates import PromptTemplate, RowProblems, to_string_array
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        pytest.param("Hello {}", "positional field", id="auto-positional"),
+        pytest.param("Hello {0}", "positional field", id="indexed-positional"),
+        pytest.param("Hello {row.title}", "attribute or index access", id="attribute"),
+        pytest.param("Hello {row[0]}", "attribute or index access", id="index"),
+        pytest.param("Hello {title", "not a valid str.format template", id="unclosed"),
+        pytest.param("Hello } there {title}", "not a valid str.format template", id="single-close"),
+        pytest.param("No fields {{here}}", "references no column", id="no-fields"),
+        pytest.param("{title:{width}}", "nested field", id="nested-spec"),
+    ],
+)
+def test_bad_templates_are_rejected(template: str, expected: str) -> None:
+    with pytest.raises(InvalidInputError, match=expected):
+        PromptTemplate(template)
+
+
+def test_fields_escapes_and_paths() -> None:
+    template = PromptTemplate("{{literal}} {title} / {description} / {title}")
+    assert template.fields == ("title", "description")
+    assert template.fast_path
+    batch = pa.record_batch({"title": ["T"], "description": ["D"]})
+    assert template.render_batch(batch) == ["{literal} T / D / T"]
+    assert not PromptTemplate("{price:.2f}").fast_path
+    assert not PromptTemplate("{name!r}").fast_path
+
+
+def test_missing_columns_are_named_with_the_available_ones() -> None:
+    template = PromptTemplate("{title} {desc} {brand}")
+    with pytest.raises(InvalidInputError) as info:
+        template.check_columns(["title", "description", "sku"])
+    message = str(info.value)
+    assert "['desc', 'brand']" in message
+    assert "['title', 'description', 'sku']" in message
+
+
+def _typed_batch() -> pa.RecordBatch:
+    return pa.record_batch(
+        {
+            "s": pa.array(["a", 'quote " é', "line\nbreak", "😀 中文", "  padded  "]),
+            "ls": pa.array(["x", "y", "z", "w", "v"], pa.large_string()),
+            "dict": pa.array(["red", "blue", "red", "green", "blue"]).dictionary_encode(),
+            "i": pa.array([0, -5, 2**40, 7, 1], pa.int64()),
+            "u8": pa.array([0, 1, 2, 3, 255], pa.uint8()),
+            "f": pa.array([1.0, 1.5, 1e20, 0.1 + 0.2, -0.0]),
+            "f32": pa.array([1.0, 0.5, 3.25, 2.0, 100.0], pa.float32()),
+            "b": pa.array([True, False, True, False, True]),
+            "d": pa.array([dt.date(2024, 1, 2)] * 5),
+            "ts": pa.array([dt.datetime(2024, 1, 2, 3, 4, 5)] * 5),
+            "dec": pa.array([Decimal("1.10"), Decimal("2"), Decimal("-3.5"), Decimal("0"), Decimal("9.99")]),
+            "lst": pa.array([[1, 2], [], [3], [4, 5], [6]]),
+        }
+    )
+
+
+def test_fast_path_equals_per_row_path_equals_str_format() -> None:
+    batch = _typed_batch()
+    template = PromptTemplate(" | ".join(f"{name}={{{name}}}" for name in batch.schema.names))
+    fast = template.render_batch(batch, fast=True)
+    slow = template.render_batch(batch, fast=False)
+    expected = [template.template.format(**row) for row in batch.to_pylist()]
+    assert fast == slow == expected
+
+
+def test_to_string_array_matches_str() -> None:
+    batch = _typed_batch()
+    for name in batch.schema.names:
+        values = batch.column(name).to_pylist()
+        assert to_string_array(batch.column(name)).to_pylist() == [str(v) for v in values], name
+
+
+def test_format_specs_use_the_per_row_path() -> None:
+    batch = pa.record_batch({"price": [1.5, 2.0], "name": ["a", "b"]})
+    template = PromptTemplate("{name!r} costs {price:.2f}")
+    assert template.render_batch(batch) == ["'a' costs 1.50", "'b' costs 2.00"]
+
+
+def test_format_errors_name_the_rows() -> None:
+    batch = pa.record_batch({"price": ["cheap", "dear"]})
+    with pytest.raises(InvalidInputError) as info:
+        PromptTemplate("{price:.2f}").render_batch(batch, offset=100)
+    assert "cannot format" in str(info.value)
+    assert "100, 101" in str(info.value)
+    assert "ValueError" in str(info.value)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "per-row"])
+def test_nulls_and_blank_prompts_are_named(fast: bool) -> None:
+    batch = pa.record_batch(
+        {
+            "title": ["ok", None, "  ", "", "fine", None],
+            "note": ["", "", " \n\t", "", "", "x"],
+        }
+    )
+    template = PromptTemplate("{title}{note}")
+    problems = RowProblems()
+    texts = template.render_batch(batch, offset=10, problems=problems, fast=fast)
+    assert len(texts) == 6
+    assert texts[0] == "ok" and texts[4] == "fine"
+    message = problems.message()
+    assert "null in column 'title': 2 row(s) at position 11, 15." in message
+    assert "Fill or filter the rows where 'title' is null." in message
+    assert "empty or whitespace-only prompt: 2 row(s) at position 12, 13." in message
+    assert problems.rows == [11, 12, 13, 15]
+    with pytest.raises(InvalidInputError) as info:
+        template.render_batch(batch, fast=fast)
+    assert info.value.rows == [1, 2, 3, 5]
+
+
+def test_row_problems_name_the_first_20_and_count_all() -> None:
+    problems = RowProblems()
+    problems.add("null in column 'a'", np.arange(15))
+    problems.add("null in column 'a'", np.arange(1000, 1030))
+    problems.add("other", [])
+    assert "other" not in problems.message()
+    message = problems.message()
+    assert "45 row(s)" in message
+    assert "(first 20 shown)" in message
+    assert "1004" in message and "1005" not in message
+    with pytest.raises(InvalidInputError) as info:
+        problems.raise_if_any("Table t")
+    assert str(info.value).startswith("Table t has rows")
+    assert len(info.value.rows) == 20
+
+
+def test_render_row() -> None:
+    assert PromptTemplate("{a}-{b}").render_row({"a": 1, "b": "x"}) == "1-x"
