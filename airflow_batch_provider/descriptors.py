@@ -27,6 +27,7 @@ class ChunkDescriptor(TypedDict):
     num_bytes: int
     fingerprint: str  # sha256 of the requests file: same bytes, same fingerprint
     label: str  # human name for the mapped task, e.g. "chunk 3/12 (10,000 req)"
+    schema_path: NotRequired[str]  # JSON Schema of the expected answer (structured output only)
 
 
 class SubmittedBatch(ChunkDescriptor):

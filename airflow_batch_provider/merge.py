@@ -22,6 +22,7 @@ from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.storage import atomic_write, join, to_path
+from airflow_batch_provider.structured import OutputValidator
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,20 @@ def _response_type(endpoint: str) -> pa.DataType:
 
 
 def join_results(
-    rows: pa.Table, results: dict[str, ResultRecord], batch_id: str, endpoint: str
+    rows: pa.Table,
+    results: dict[str, ResultRecord],
+    batch_id: str,
+    endpoint: str,
+    validator: OutputValidator | None = None,
 ) -> tuple[pa.Table, MergeStats]:
-    """Return ``rows`` with the result columns appended, one output row per input row."""
+    """Return ``rows`` with the result columns appended, one output row per input row.
+
+    With a ``validator`` (structured output), each succeeded answer is parsed and checked:
+    its fields become columns, and an answer that does not validate turns the row's status
+    into ``invalid_output`` with the reason in ``error``.
+    """
     ids = rows.column("custom_id").to_pylist()
+    parsed: dict[str, list[Any]] = {col: [] for col, _ in validator.columns.values()} if validator else {}
     stats = MergeStats(rows=len(ids), chunks=1)
     missing_msg = f"no result line for this custom_id in batch {batch_id}"
     columns: dict[str, list[Any]] = {name: [] for name in RESULT_COLUMNS}
@@ -111,16 +122,25 @@ def join_results(
             columns["error"].append(missing_msg)
             columns["input_tokens"].append(None)
             columns["output_tokens"].append(None)
+            values = None
         else:
-            columns["status"].append(rec["status"])
+            status, error = rec["status"], rec["error"]
+            values = None
+            if validator is not None and status == "succeeded":
+                values, reason = validator.parse(rec["response"])
+                if values is None:
+                    status, error = "invalid_output", reason
+            columns["status"].append(status)
             columns["response"].append(rec["response"])
             columns["finish_reason"].append(rec["finish_reason"])
-            columns["error"].append(rec["error"])
+            columns["error"].append(error)
             columns["input_tokens"].append(rec["input_tokens"])
             columns["output_tokens"].append(rec["output_tokens"])
             stats.input_tokens += rec["input_tokens"] or 0
             stats.output_tokens += rec["output_tokens"] or 0
         columns["batch_id"].append(batch_id)
+        for col in parsed:
+            parsed[col].append(values.get(col) if values else None)
     stats.statuses.update(columns["status"])
     stats.unmatched_results = len(results.keys() - set(ids))
     types = {
@@ -139,6 +159,9 @@ def join_results(
                 f"The source table has a column named {name!r}, which the merged output uses; rename it."
             )
         table = table.append_column(name, pa.array(columns[name], type=types[name]))
+    if validator is not None:
+        for col, dtype in validator.columns.values():
+            table = table.append_column(col, pa.array(parsed[col], type=dtype))
     return table, stats
 
 
@@ -151,7 +174,10 @@ def merge_chunk(hook: BatchHook, batch: CompletedBatch, output_dir: str) -> Merg
         raise ResultsError(f"{batch['label']}: results of batch {state.batch_id} are unreadable: {exc}") from exc
     with to_path(batch["rows_path"]).open("rb") as handle:
         rows = pq.read_table(handle)
-    table, stats = join_results(rows, results, state.batch_id, batch["endpoint"])
+    validator = None
+    if batch.get("schema_path"):
+        validator = OutputValidator.from_file(batch["schema_path"], set(rows.column_names) | set(RESULT_COLUMNS))
+    table, stats = join_results(rows, results, state.batch_id, batch["endpoint"], validator)
     stats.requests_sent = batch["num_requests"]
     if stats.unmatched_results:
         log.warning(

@@ -1,11 +1,17 @@
-"""Nightly product classification: a table of products → OpenAI Batch API → merged parquet.
+"""Nightly product classification: a table of products → provider batch API → merged parquet.
 
 table ─► chunk (JSONL files, 10,000 requests each) ─► submit (one mapped task per chunk)
       ─► wait (deferred: no worker held while the provider works) ─► merge (parquet dataset)
 
-Run it offline against the bundled emulator with ``make demo``, or against the real API
-by pointing the ``openai_batch_default`` connection at it (see README). Every Param can be
-overridden with ``airflow dags test nightly_product_classification -c '{"rows": 5000}'``.
+Each answer is structured output — ``{"label": <one of LABELS>, "confidence": 0..1}`` — validated
+at merge time and written as the ``label`` and ``confidence`` columns. The same DAG runs on the
+OpenAI Batch API or Anthropic Message Batches: set the ``provider`` Param; the chunk files,
+checkpoints and merged schema stay the same.
+
+Run it offline against the bundled emulator with ``make demo`` (``make demo BACKEND=anthropic``),
+or against the real APIs by pointing the ``openai_batch_default`` / ``anthropic_batch_default``
+connection at them (see README). Every Param can be overridden with
+``airflow dags test nightly_product_classification -c '{"rows": 5000, "provider": "anthropic"}'``.
 """
 
 from __future__ import annotations
@@ -14,8 +20,8 @@ import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, task
-from airflow_batch_provider.operators.chunk import ChunkOperator
 
+from airflow_batch_provider.operators.chunk import ChunkOperator
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import BatchCompleteSensor
@@ -23,17 +29,30 @@ from airflow_batch_provider.sensors.batch import BatchCompleteSensor
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
 DATA_DIR = os.environ.get("BATCH_DEMO_DATA_DIR", "/tmp/airflow-batch-demo")
 
+DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-5-5"}
+
 PROMPT = (
     "Classify this product into exactly one category.\n"
     f"Labels: {', '.join(LABELS)}\n"
     "Product: {title}\n"
-    "Description: {description}\n"
-    "Answer with the label only."
+    "Description: {description}"
 )
+
+# Structured output: OpenAI gets it as a json_schema response_format, Anthropic as a forced tool call.
+CLASSIFICATION = {
+    "title": "classification",
+    "type": "object",
+    "properties": {
+        "label": {"type": "string", "enum": LABELS},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["label", "confidence"],
+    "additionalProperties": False,
+}
 
 with DAG(
     dag_id="nightly_product_classification",
-    description="Classify products into a fixed label set with the OpenAI Batch API (50% of real-time price).",
+    description="Classify products into a fixed label set with a provider batch API (half of real-time price).",
     schedule="@daily",
     start_date=datetime(2026, 1, 1),
     catchup=False,
@@ -41,12 +60,14 @@ with DAG(
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
     params={
         "rows": Param(50_000, type="integer", minimum=1, description="Synthetic products to generate."),
-        "model": Param("gpt-4o-mini", type="string"),
+        "provider": Param("openai", enum=["openai", "anthropic"], description="Batch API to use."),
+        "model": Param("", type="string", description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-5-5 (Anthropic)."),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
         "output_dir": Param("", type="string", description="Output dataset folder; empty: under data_dir."),
-        "conn_id": Param("openai_batch_default", type="string"),
+        "conn_id": Param("", type="string", description="Empty: the provider hook's default connection."),
         "poll_interval": Param(30, type="number", minimum=0.1, description="Seconds between status polls."),
     },
+    user_defined_macros={"default_models": DEFAULT_MODELS},
     tags=["llm-batch", "example"],
 ) as dag:
 
@@ -64,9 +85,11 @@ with DAG(
         source=products,
         prompt_template=PROMPT,
         system_prompt="You are a careful retail catalogue assistant.",
-        model="{{ params.model }}",
+        provider="{{ params.provider }}",
+        model="{{ params.model or default_models[params.provider] }}",
         id_column="product_id",
-        request_params={"max_tokens": 5, "temperature": 0},
+        request_params={"max_tokens": 64, "temperature": 0},
+        response_schema=CLASSIFICATION,
         chunk_size=10_000,
     )
 

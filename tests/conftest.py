@@ -37,6 +37,25 @@ def openai_conn(batch_emulator, monkeypatch):
 
 
 @pytest.fixture
+def anthropic_conn(batch_emulator, monkeypatch):
+    """Point the default Anthropic batch connection at the emulator; return the emulator."""
+    import json
+
+    conn = {"conn_type": "anthropic_batch", "host": batch_emulator.anthropic_base_url, "password": "emulator-key"}
+    monkeypatch.setenv("AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT", json.dumps(conn))
+    return batch_emulator
+
+
+@pytest.fixture
+def anthropic_hook(anthropic_conn):
+    """An AnthropicBatchHook on the emulator with fast retries."""
+    from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
+    from airflow_batch_provider.retry import RetryPolicy
+
+    return AnthropicBatchHook(retry_policy=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05))
+
+
+@pytest.fixture
 def openai_hook(openai_conn):
     """An OpenAIBatchHook on the emulator with fast retries."""
     from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook

@@ -44,17 +44,25 @@ def test_example_dag_shape(dagbag):
 
 
 @pytest.mark.scenario
-def test_example_dag_end_to_end(airflow_db, openai_conn, tmp_path, monkeypatch):
-    """3,000 rows through chunk → submit → wait → merge; the output is checked row by row."""
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_example_dag_end_to_end(airflow_db, openai_conn, anthropic_conn, provider, tmp_path, monkeypatch):
+    """3,000 rows through chunk → submit → wait → merge, per provider; the output is checked row by row."""
     from airflow.dag_processing.dagbag import DagBag
 
     from airflow_batch_provider.examples import synthetic_products
 
     monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
+    labels = dag.get_task("chunk").response_schema["properties"]["label"]["enum"]
     out = tmp_path / "out"
     run = dag.test(
-        run_conf={"rows": 3000, "data_dir": str(tmp_path / "data"), "output_dir": str(out), "poll_interval": 0.2}
+        run_conf={
+            "rows": 3000,
+            "provider": provider,
+            "data_dir": str(tmp_path / "data"),
+            "output_dir": str(out),
+            "poll_interval": 0.2,
+        }
     )
     assert run.state == "success"
     merged = pq.read_table(out).to_pylist()
@@ -66,7 +74,10 @@ def test_example_dag_end_to_end(airflow_db, openai_conn, tmp_path, monkeypatch):
         assert got["custom_id"] == want["product_id"]
         assert (got["title"], got["description"], got["price"]) == (want["title"], want["description"], want["price"])
         assert got["status"] == "succeeded" and got["response"], got
-        assert got["batch_id"].startswith("batch")
-    stats = openai_conn.stats()["openai"]
+        assert got["label"] in labels  # structured output, validated and split into columns
+        assert 0 <= got["confidence"] <= 1
+    stats = openai_conn.stats()[provider]
     assert stats["batches_created"] == 1  # 3,000 rows at chunk_size 10,000
     assert stats["requests_processed"] == 3000
+    other = "anthropic" if provider == "openai" else "openai"
+    assert openai_conn.stats()[other]["batches_created"] == 0

@@ -9,9 +9,17 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_batch_provider.chunks import DEFAULT_CHUNK_SIZE, build_chunks, check_byte_cap, check_chunk_size
+from airflow_batch_provider import storage
+from airflow_batch_provider.chunks import (
+    CHUNKS_DIR,
+    DEFAULT_CHUNK_SIZE,
+    build_chunks,
+    check_byte_cap,
+    check_chunk_size,
+)
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.requests import RequestSpec, check_endpoint, default_endpoint
+from airflow_batch_provider.structured import SCHEMA_FILE, save_schema
 from airflow_batch_provider.templates import PromptTemplate
 
 WORK_DIR_ENV = "AIRFLOW_BATCH_WORK_DIR"
@@ -62,7 +70,7 @@ class ChunkOperator(BaseOperator):
         ``.jsonl``/``.ndjson`` or a folder of one of them. Templated.
     :param prompt_template: ``str.format`` template over the table's columns; not templated.
     :param model: model name written into every request. Templated.
-    :param provider: ``"openai"`` (default) or ``"anthropic"``.
+    :param provider: ``"openai"`` (default) or ``"anthropic"``. Templated (checked once rendered).
     :param endpoint: OpenAI ``/v1/chat/completions`` (default), ``/v1/embeddings``, ``/v1/completions``;
         Anthropic ``/v1/messages`` (default).
     :param job_dir: folder for this job's files; default
@@ -78,7 +86,7 @@ class ChunkOperator(BaseOperator):
     :param columns: source columns to keep in the rows files (template and id columns always are).
     """
 
-    template_fields: Sequence[str] = ("source", "job_dir", "model", "system_prompt", "id_column")
+    template_fields: Sequence[str] = ("source", "job_dir", "model", "provider", "system_prompt", "id_column")
     ui_color = "#eef7e8"
 
     def __init__(
@@ -100,11 +108,6 @@ class ChunkOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # Cheap checks run at DAG parse time, so a bad argument shows as an import error, not a failed run.
-        self.endpoint = endpoint or default_endpoint(provider)
-        check_endpoint(provider, self.endpoint)
-        check_chunk_size(chunk_size, provider)
-        check_byte_cap(byte_cap, provider)
         self.prompt_template = PromptTemplate(prompt_template).template
         self.source = source
         self.job_dir = job_dir
@@ -117,14 +120,21 @@ class ChunkOperator(BaseOperator):
         self.chunk_size = chunk_size
         self.byte_cap = byte_cap
         self.columns = list(columns) if columns is not None else None
-        # model and system_prompt may still hold Jinja here; every other request check can run now.
-        self._spec(model if isinstance(model, str) else "model", system_prompt)
+        # Cheap checks run at DAG parse time, so a bad argument shows as an import error, not a failed
+        # run. A Jinja-templated provider (e.g. "{{ params.provider }}") is checked once rendered.
+        self.endpoint = endpoint
+        if "{{" not in provider:
+            self._spec("model", system_prompt)
 
     def _spec(self, model: str, system_prompt: str | None) -> RequestSpec:
+        endpoint = self.endpoint or default_endpoint(self.provider)
+        check_endpoint(self.provider, endpoint)
+        check_chunk_size(self.chunk_size, self.provider)
+        check_byte_cap(self.byte_cap, self.provider)
         return RequestSpec(
             provider=self.provider,
             model=model,
-            endpoint=self.endpoint,
+            endpoint=endpoint,
             system_prompt=system_prompt,
             params=self.request_params,
             response_schema=self.response_schema,
@@ -160,6 +170,11 @@ class ChunkOperator(BaseOperator):
             byte_cap=self.byte_cap,
             columns=self.columns,
         )
+        descriptors = result.descriptors
+        if spec.json_schema is not None:
+            schema_path = storage.join(job_dir, CHUNKS_DIR, SCHEMA_FILE)
+            save_schema(spec.json_schema, schema_path)
+            descriptors = [ChunkDescriptor(**d, schema_path=schema_path) for d in descriptors]
         rate = result.num_rows / result.seconds if result.seconds > 0 else 0.0
         summary = [
             ("chunks", f"{len(result.descriptors):,}"),
@@ -171,4 +186,4 @@ class ChunkOperator(BaseOperator):
         ]
         width = max(len(name) for name, _ in summary)
         self.log.info("Chunk summary:\n%s", "\n".join(f"  {name:<{width}}  {value}" for name, value in summary))
-        return result.descriptors
+        return descriptors

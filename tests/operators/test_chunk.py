@@ -116,7 +116,7 @@ def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], fragment: st
 
 def test_template_fields_exclude_the_prompt_template() -> None:
     op = _operator(model="{{ params.model }}", system_prompt="{{ params.system }}")
-    assert set(op.template_fields) == {"source", "job_dir", "model", "system_prompt", "id_column"}
+    assert set(op.template_fields) == {"source", "job_dir", "model", "provider", "system_prompt", "id_column"}
     assert "prompt_template" not in op.template_fields
     assert op.prompt_template == PROMPT
 
@@ -125,3 +125,11 @@ def test_sanitise_path_part() -> None:
     assert sanitise_path_part("manual__2026-01-01T00:00:00+00:00") == "manual__2026-01-01T00_00_00_00_00"
     assert sanitise_path_part("../..") == "_"
     assert sanitise_path_part("a b/c") == "a_b_c"
+
+
+def test_templated_provider_is_checked_once_rendered(tmp_path) -> None:
+    """A provider chosen by a Param ("{{ params.provider }}") is validated at execute, not parse time."""
+    op = _operator(provider="{{ params.provider }}", chunk_size=80_000)  # too big for OpenAI, fine for Anthropic
+    op.provider = "openai"  # what rendering "{{ params.provider }}" would give
+    with pytest.raises(InvalidInputError, match=r"80,?000"):
+        op._spec("gpt-4o-mini", None)

@@ -1,0 +1,81 @@
+"""Structured output: validate each row's JSON answer against the job's schema at merge time.
+
+The chunk step saves the schema next to the chunks (``chunks/schema.json``) and names it in
+every chunk descriptor. The merge step parses each succeeded answer, validates it, and
+writes the top-level fields as columns. A row whose answer is not valid JSON or does not
+match the schema gets ``status = "invalid_output"`` and the reason in ``error`` — one bad
+answer never fails the merge.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+import orjson
+import pyarrow as pa
+
+from airflow_batch_provider.storage import atomic_write, to_path
+
+SCHEMA_FILE = "schema.json"
+
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(),
+    "number": pa.float64(),
+    "integer": pa.int64(),
+    "boolean": pa.bool_(),
+}
+
+
+def save_schema(schema: dict[str, Any], path: str) -> None:
+    """Write the job's JSON Schema (crash-safe)."""
+    with atomic_write(path) as out:
+        out.write(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
+
+
+def _column_type(prop: dict[str, Any]) -> pa.DataType:
+    kind = prop.get("type")
+    if isinstance(kind, list):  # e.g. ["string", "null"]
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 else None
+    return _ARROW_TYPES.get(kind or "", pa.string())  # objects, arrays, unions: kept as JSON text
+
+
+class OutputValidator:
+    """Parse and validate answers against one JSON Schema; say which columns they become."""
+
+    def __init__(self, schema: dict[str, Any], reserved: set[str] | frozenset[str] = frozenset()) -> None:
+        self.schema = schema
+        cls = jsonschema.validators.validator_for(schema)
+        self._validator = cls(schema)
+        props: dict[str, Any] = schema.get("properties") or {}
+        # Field names that clash with a source or result column get an "output_" prefix.
+        self.columns: dict[str, tuple[str, pa.DataType]] = {
+            field: (f"output_{field}" if field in reserved else field, _column_type(spec))
+            for field, spec in props.items()
+        }
+
+    @classmethod
+    def from_file(cls, path: str, reserved: set[str] | frozenset[str] = frozenset()) -> OutputValidator:
+        """Load the schema saved by the chunk step."""
+        return cls(orjson.loads(to_path(path).read_bytes()), reserved)
+
+    def parse(self, answer: Any) -> tuple[dict[str, Any] | None, str | None]:
+        """Return (column values, None) for a valid answer, or (None, reason) for an invalid one."""
+        if not isinstance(answer, str) or not answer.strip():
+            return None, "the answer is empty; expected a JSON object"
+        try:
+            obj = orjson.loads(answer)
+        except orjson.JSONDecodeError as exc:
+            return None, f"the answer is not valid JSON ({exc}): {answer[:120]!r}"
+        error = jsonschema.exceptions.best_match(self._validator.iter_errors(obj))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+            return None, f"the answer does not match the schema at {where}: {error.message}"
+        values: dict[str, Any] = {}
+        for field, (column, dtype) in self.columns.items():
+            value = obj.get(field)
+            if value is not None and dtype == pa.string() and not isinstance(value, str):
+                value = orjson.dumps(value).decode()
+            values[column] = value
+        return values, None
