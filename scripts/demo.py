@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DAG_IDS = {"openai": "nightly_product_classification"}
+DAG_IDS = {"openai": "nightly_product_classification", "anthropic": "nightly_product_classification"}
 
 
 def _env(home: Path, data_dir: Path) -> dict[str, str]:
@@ -74,7 +74,7 @@ def main() -> int:
 
     home = REPO / ".airflow" / "demo"
     data_dir = REPO / ".demo" / "data"
-    output_dir = REPO / ".demo" / "output" / DAG_IDS[args.backend]
+    output_dir = REPO / ".demo" / "output" / f"{DAG_IDS[args.backend]}-{args.backend}"
     run_dir = REPO / ".demo" / "run"
     for folder in (home, data_dir, run_dir):
         folder.mkdir(parents=True, exist_ok=True)
@@ -90,8 +90,11 @@ def main() -> int:
         env["AIRFLOW_CONN_OPENAI_BATCH_DEFAULT"] = json.dumps(
             {"conn_type": "openai_batch", "host": f"http://127.0.0.1:{port}/v1", "password": "emulator-key"}
         )
+        env["AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT"] = json.dumps(
+            {"conn_type": "anthropic_batch", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
+        )
         before = _stats(port)
-        conf = {"rows": args.rows, "output_dir": str(output_dir), "poll_interval": 1}
+        conf = {"rows": args.rows, "output_dir": str(output_dir), "poll_interval": 1, "provider": args.backend}
         print(f"==> airflow dags test {DAG_IDS[args.backend]} with {json.dumps(conf)}", flush=True)
         started = time.time()
         result = subprocess.run([airflow, "dags", "test", DAG_IDS[args.backend], "-c", json.dumps(conf)], env=env)
@@ -106,10 +109,13 @@ def main() -> int:
         print(f"demo FAILED (airflow dags test exit code {result.returncode}); see the task logs above", flush=True)
         return 1
     summary = json.loads(summary_file.read_text())
-    sent = int(after["openai"]["requests_processed"]) - int(before["openai"]["requests_processed"])  # type: ignore[index]
+    counters = (after[args.backend], before[args.backend])
+    sent = int(counters[0]["requests_processed"]) - int(counters[1]["requests_processed"])  # type: ignore[index]
+    batches = int(counters[0]["batches_created"]) - int(counters[1]["batches_created"])  # type: ignore[index]
     print("\n==> demo summary")
     print(f"  rows             {summary['rows']:,}")
     print(f"  chunks           {summary['chunks']:,}")
+    print(f"  provider         {args.backend} (emulator: {batches} batch(es) created)")
     print(f"  requests sent    {sent:,}")
     for status, count in summary["statuses"].items():
         print(f"  {status:<16} {count:,}")
