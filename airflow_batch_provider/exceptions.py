@@ -4,7 +4,8 @@ The hierarchy, drawn once so callers can catch at the right depth::
 
     BatchProviderError                 base of everything raised here (an AirflowException)
     ├── InvalidInputError              the table or parameters are unusable; nothing was uploaded
-    │   └── ChunkLimitError            a request or chunk does not fit the provider's limits
+    │   ├── ChunkLimitError            a request or chunk does not fit the provider's limits
+    │   └── CostLimitExceededError     the estimated cost is over max_cost_usd
     ├── ProviderCallError              the provider's API refused or could not be reached
     ├── UnknownBatchStatusError        the provider returned a status this package does not know
     ├── BatchPollError                 polling failed too many times in a row
@@ -13,7 +14,8 @@ The hierarchy, drawn once so callers can catch at the right depth::
     │   ├── BatchFailedError           provider-side validation or processing failure
     │   ├── BatchExpiredError          the completion window passed
     │   └── BatchCancelledError        the batch was cancelled
-    └── ResultsError                   result files could not be read or joined back
+    ├── ResultsError                   result files could not be read or joined back
+    └── TooManyFailuresError           merged, but some chunk has more failed rows than max_failure_ratio
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ class InvalidInputError(BatchProviderError):
 
 class ChunkLimitError(InvalidInputError):
     """Reject a request or chunk that exceeds the provider's count or byte limits."""
+
+
+class CostLimitExceededError(InvalidInputError):
+    """Reject a job whose estimated batch cost exceeds ``max_cost_usd``; nothing was uploaded."""
+
+    def __init__(
+        self, message: str, *, estimate_usd: float, limit_usd: float, estimate: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.estimate_usd = estimate_usd
+        self.limit_usd = limit_usd
+        self.estimate = estimate or {}
 
 
 class ProviderCallError(BatchProviderError):
@@ -77,8 +91,35 @@ class BatchExpiredError(BatchEndedBadlyError):
 
 
 class BatchCancelledError(BatchEndedBadlyError):
-    """Report a batch that was cancelled, by us or by someone else."""
+    """Report a batch that was cancelled, by us or by someone else (``cancelled_by_us`` says which)."""
+
+    def __init__(
+        self,
+        message: str,
+        batch_id: str,
+        errors: Sequence[dict[str, Any]] = (),
+        state: dict[str, Any] | None = None,
+        *,
+        cancelled_by_us: bool = False,
+    ) -> None:
+        super().__init__(message, batch_id, errors, state)
+        self.cancelled_by_us = cancelled_by_us
 
 
 class ResultsError(BatchProviderError):
     """Report result files that cannot be read or joined back onto the source rows."""
+
+
+class TooManyFailuresError(BatchProviderError):
+    """Report chunks whose failed rows exceed ``max_failure_ratio``; every part file was still written.
+
+    ``chunks`` holds one dict per offending chunk: ``label``, ``chunk_index``, ``rows``, ``failed``,
+    ``ratio`` and ``top_errors`` (``[(description, count), ...]``).
+    """
+
+    def __init__(
+        self, message: str, chunks: Sequence[dict[str, Any]] = (), summary: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.chunks = list(chunks)
+        self.summary = summary or {}
