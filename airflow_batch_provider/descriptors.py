@@ -28,6 +28,8 @@ class ChunkDescriptor(TypedDict):
     fingerprint: str  # sha256 of the requests file: same bytes, same fingerprint
     label: str  # human name for the mapped task, e.g. "chunk 3/12 (10,000 req)"
     schema_path: NotRequired[str]  # JSON Schema of the expected answer (structured output only)
+    estimated_cost_usd: NotRequired[float | None]  # batch price of this chunk, None when the model is unpriced
+    estimated_input_tokens: NotRequired[int]
 
 
 class SubmittedBatch(ChunkDescriptor):

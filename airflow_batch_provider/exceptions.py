@@ -3,7 +3,7 @@
 The hierarchy, drawn once so callers can catch at the right depth::
 
     BatchProviderError                 base of everything raised here (an AirflowException)
-    ├── InvalidInputError              the table or parameters are unusable; nothing was uploaded
+    ├── InvalidInputError              unusable table or parameters; nothing uploaded; never retried
     │   ├── ChunkLimitError            a request or chunk does not fit the provider's limits
     │   └── CostLimitExceededError     the estimated cost is over max_cost_usd
     ├── ProviderCallError              the provider's API refused or could not be reached
@@ -23,15 +23,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 
 class BatchProviderError(AirflowException):
     """Base class of every error raised by this package."""
 
 
-class InvalidInputError(BatchProviderError):
-    """Reject input that cannot be turned into batch requests; nothing was uploaded."""
+class InvalidInputError(BatchProviderError, AirflowFailException):
+    """Reject input that cannot be turned into batch requests; nothing was uploaded.
+
+    An AirflowFailException too: retrying the same input cannot succeed, so the task fails
+    at once instead of burning its retries.
+    """
 
     def __init__(self, message: str, rows: Sequence[Any] = ()) -> None:
         super().__init__(message)

@@ -65,6 +65,9 @@ with DAG(
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
         "output_dir": Param("", type="string", description="Output dataset folder; empty: under data_dir."),
         "conn_id": Param("", type="string", description="Empty: the provider hook's default connection."),
+        "max_cost_usd": Param(
+            None, type=["null", "number"], description="Fail before uploading if the estimated cost exceeds this."
+        ),
         "poll_interval": Param(30, type="number", minimum=0.1, description="Seconds between status polls."),
     },
     user_defined_macros={"default_models": DEFAULT_MODELS},
@@ -90,6 +93,7 @@ with DAG(
         id_column="product_id",
         request_params={"max_tokens": 64, "temperature": 0},
         response_schema=CLASSIFICATION,
+        max_cost_usd="{{ params.max_cost_usd or '' }}",
         chunk_size=10_000,
     )
 

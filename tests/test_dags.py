@@ -81,3 +81,23 @@ def test_example_dag_end_to_end(airflow_db, openai_conn, anthropic_conn, provide
     assert stats["requests_processed"] == 3000
     other = "anthropic" if provider == "openai" else "openai"
     assert openai_conn.stats()[other]["batches_created"] == 0
+
+
+@pytest.mark.scenario
+def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp_path, monkeypatch):
+    """max_cost_usd below the estimate: the chunk task fails and the provider never sees a file."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
+    run = dag.test(
+        run_conf={
+            "rows": 500,
+            "data_dir": str(tmp_path / "data"),
+            "output_dir": str(tmp_path / "out"),
+            "max_cost_usd": 0.000001,
+        }
+    )
+    assert run.state == "failed"
+    stats = openai_conn.stats()["openai"]
+    assert stats["files_uploaded"] == 0 and stats["batches_created"] == 0

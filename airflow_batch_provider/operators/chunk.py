@@ -17,7 +17,16 @@ from airflow_batch_provider.chunks import (
     check_byte_cap,
     check_chunk_size,
 )
+from airflow_batch_provider.cost import (
+    CostEstimate,
+    check_budget,
+    combine_costs,
+    estimate_chunks_cost,
+    parse_max_cost_usd,
+    usd,
+)
 from airflow_batch_provider.descriptors import ChunkDescriptor
+from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.requests import RequestSpec, check_endpoint, default_endpoint
 from airflow_batch_provider.structured import SCHEMA_FILE, save_schema
 from airflow_batch_provider.templates import PromptTemplate
@@ -84,9 +93,22 @@ class ChunkOperator(BaseOperator):
     :param chunk_size: requests per chunk, 1 … 50,000 (OpenAI) / 100,000 (Anthropic).
     :param byte_cap: bytes per chunk file; default: the provider's safe cap.
     :param columns: source columns to keep in the rows files (template and id columns always are).
+    :param max_cost_usd: fail before anything is uploaded when the estimated batch cost exceeds this
+        (USD). Templated, so it can come from a Param.
+    :param expected_output_tokens: output tokens per request for the estimate (default: the
+        request's ``max_tokens``).
+    :param pricing: price overrides (a dict or a file path); see ``airflow_batch_provider.pricing``.
     """
 
-    template_fields: Sequence[str] = ("source", "job_dir", "model", "provider", "system_prompt", "id_column")
+    template_fields: Sequence[str] = (
+        "source",
+        "job_dir",
+        "model",
+        "provider",
+        "system_prompt",
+        "id_column",
+        "max_cost_usd",
+    )
     ui_color = "#eef7e8"
 
     def __init__(
@@ -105,9 +127,17 @@ class ChunkOperator(BaseOperator):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         byte_cap: int | None = None,
         columns: Sequence[str] | None = None,
+        max_cost_usd: float | str | None = None,
+        expected_output_tokens: int | None = None,
+        pricing: Mapping[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if not (isinstance(max_cost_usd, str) and "{{" in max_cost_usd):
+            parse_max_cost_usd(max_cost_usd)  # a bad limit is a DAG import error, not a failed run
+        self.max_cost_usd = max_cost_usd
+        self.expected_output_tokens = expected_output_tokens
+        self.pricing = pricing
         self.prompt_template = PromptTemplate(prompt_template).template
         self.source = source
         self.job_dir = job_dir
@@ -175,6 +205,7 @@ class ChunkOperator(BaseOperator):
             schema_path = storage.join(job_dir, CHUNKS_DIR, SCHEMA_FILE)
             save_schema(spec.json_schema, schema_path)
             descriptors = [ChunkDescriptor(**d, schema_path=schema_path) for d in descriptors]
+        estimate = self._estimate_cost(context, spec, descriptors)
         rate = result.num_rows / result.seconds if result.seconds > 0 else 0.0
         summary = [
             ("chunks", f"{len(result.descriptors):,}"),
@@ -182,8 +213,29 @@ class ChunkOperator(BaseOperator):
             ("bytes", f"{result.num_bytes:,}"),
             ("ids derived", f"{result.derived_ids:,}"),
             ("seconds", f"{result.seconds:,.1f} ({rate:,.0f} rows/s)"),
+            ("estimated cost", f"{usd(estimate.batch_usd)} batch, {usd(estimate.realtime_usd)} real-time"),
             ("written to", f"{job_dir}/chunks"),
         ]
         width = max(len(name) for name, _ in summary)
         self.log.info("Chunk summary:\n%s", "\n".join(f"  {name:<{width}}  {value}" for name, value in summary))
+        # Last, so the estimate is logged either way; nothing has been uploaded yet.
+        check_budget(estimate, self.max_cost_usd)
         return descriptors
+
+    def _estimate_cost(self, context: Context, spec: RequestSpec, descriptors: list[ChunkDescriptor]) -> CostEstimate:
+        """Estimate the job's cost from the chunk files, record it per chunk, and emit metrics."""
+        per_chunk = [
+            estimate_chunks_cost([d], expected_output_tokens=self.expected_output_tokens, pricing=self.pricing)
+            for d in descriptors
+        ]
+        for descriptor, chunk_estimate in zip(descriptors, per_chunk):
+            descriptor["estimated_cost_usd"] = chunk_estimate.batch_usd
+            descriptor["estimated_input_tokens"] = chunk_estimate.input_tokens
+        estimate = combine_costs(per_chunk)
+        self.log.info("Cost estimate: %s", estimate.describe())
+        metrics = BatchMetrics.from_context(context, provider=spec.provider, model=spec.model)
+        if estimate.batch_usd is not None:
+            metrics.cost(estimate.batch_usd, kind="estimated")
+        metrics.chunks_waiting(len(descriptors))
+        metrics.batch_fill_rate([d["num_requests"] for d in descriptors], self.chunk_size)
+        return estimate
