@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta
+from typing import Any
 
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, Param, task
 
 from airflow_batch_provider.operators.chunk import ChunkOperator
 from airflow_batch_provider.operators.merge import MergeResultsOperator
@@ -28,6 +29,27 @@ from airflow_batch_provider.sensors.batch import BatchCompleteSensor
 
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
 DATA_DIR = os.environ.get("BATCH_DEMO_DATA_DIR", "/tmp/airflow-batch-demo")
+
+# Downstream DAGs can be scheduled on this: schedule=[CLASSIFIED_PRODUCTS].
+CLASSIFIED_PRODUCTS = Asset(name="classified_products", uri="file:///llm-batch/classified_products")
+
+
+def alert_on_failure(context: dict[str, Any]) -> None:
+    """Route batch failures: the typed errors say what ended badly (swap the log for a notifier)."""
+    from airflow_batch_provider.exceptions import BatchEndedBadlyError, CostLimitExceededError, TooManyFailuresError
+
+    error = context.get("exception")
+    ti = context["ti"]
+    if isinstance(error, BatchEndedBadlyError):
+        kind = f"batch {error.batch_id} ended {error.state.get('provider_status', 'badly')}"
+    elif isinstance(error, TooManyFailuresError):
+        kind = "too many failed rows"
+    elif isinstance(error, CostLimitExceededError):
+        kind = "cost guard"
+    else:
+        kind = type(error).__name__
+    ti.log.error("ALERT %s.%s[%s]: %s — %s", ti.dag_id, ti.task_id, ti.map_index, kind, error)
+
 
 DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-5-5"}
 
@@ -57,7 +79,7 @@ with DAG(
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=10)},
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "on_failure_callback": alert_on_failure},
     params={
         "rows": Param(50_000, type="integer", minimum=1, description="Synthetic products to generate."),
         "provider": Param("openai", enum=["openai", "anthropic"], description="Batch API to use."),
@@ -112,4 +134,5 @@ with DAG(
         batches=completed.output,
         conn_id="{{ params.conn_id }}",
         output_dir="{{ params.output_dir or (params.data_dir ~ '/output/' ~ dag.dag_id) }}",
+        outlets=[CLASSIFIED_PRODUCTS],
     )
