@@ -35,6 +35,25 @@ _ANTHROPIC_FIELDS: dict[str, Any] = {
     },
 }
 
+_OPENAI_COMPATIBLE_FIELDS: dict[str, Any] = {
+    "base_url": {
+        "label": "Base URL",
+        "schema": {"type": ["string", "null"]},
+        "description": "Server base URL, e.g. http://vllm-server:8000/v1 (vllm serve, TGI, llama.cpp server). "
+        "The Host field (and Port) is used when this is empty; a URL without a path gets /v1.",
+    },
+    "timeout": {
+        "label": "Request timeout (s)",
+        "schema": {"type": ["number", "null"], "minimum": 1},
+        "description": "Seconds to wait for one response (default 600).",
+    },
+    "headers": {
+        "label": "Extra headers",
+        "schema": {"type": ["string", "null"]},
+        "description": 'Extra HTTP headers sent with every request, as a JSON object (e.g. {"X-Team": "ml"}).',
+    },
+}
+
 
 def get_provider_info() -> dict[str, Any]:
     """Return the provider description Airflow registers (hooks, triggers, connection types)."""
@@ -57,6 +76,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.hooks.base",
                     "airflow_batch_provider.hooks.openai_batch",
                     "airflow_batch_provider.hooks.anthropic_batch",
+                    "airflow_batch_provider.hooks.openai_compatible",
+                    "airflow_batch_provider.hooks.local_results",
                 ],
             }
         ],
@@ -67,6 +88,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.operators.chunk",
                     "airflow_batch_provider.operators.submit",
                     "airflow_batch_provider.operators.merge",
+                    "airflow_batch_provider.operators.vllm",
+                    "airflow_batch_provider.operators.server",
                 ],
             }
         ],
@@ -82,6 +105,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_batch_provider.triggers.batch"],
             }
         ],
+        "extra-links": ["airflow_batch_provider.links.BatchConsoleLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_batch_provider.hooks.openai_batch.OpenAIBatchHook",
@@ -104,6 +128,17 @@ def get_provider_info() -> dict[str, Any]:
                     "placeholders": {"host": "https://api.anthropic.com"},
                 },
                 "conn-fields": _ANTHROPIC_FIELDS,
+            },
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.openai_compatible.OpenAICompatibleHook",
+                "hook-name": "OpenAI-compatible server",
+                "connection-type": "openai_compatible",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "login"],
+                    "relabeling": {"password": "API Key (optional)", "host": "Base URL"},
+                    "placeholders": {"host": "http://vllm-server:8000/v1", "password": "vllm serve --api-key value"},
+                },
+                "conn-fields": _OPENAI_COMPATIBLE_FIELDS,
             },
         ],
     }

@@ -19,7 +19,12 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DAG_IDS = {"openai": "nightly_product_classification", "anthropic": "nightly_product_classification"}
+DAG_IDS = {
+    "openai": "nightly_product_classification",
+    "anthropic": "nightly_product_classification",
+    # Self-hosted server mode: the emulator's realtime routes stand in for `vllm serve`.
+    "server": "self_hosted_vllm",
+}
 
 
 def _env(home: Path, data_dir: Path) -> dict[str, str]:
@@ -95,6 +100,11 @@ def main() -> int:
         )
         before = _stats(port)
         conf = {"rows": args.rows, "output_dir": str(output_dir), "poll_interval": 1, "provider": args.backend}
+        if args.backend == "server":
+            env["AIRFLOW_CONN_OPENAI_COMPATIBLE_DEFAULT"] = json.dumps(
+                {"conn_type": "openai_compatible", "host": f"http://127.0.0.1:{port}/v1", "password": "emulator-key"}
+            )
+            conf = {"rows": args.rows, "output_dir": str(output_dir), "mode": "server"}
         print(f"==> airflow dags test {DAG_IDS[args.backend]} with {json.dumps(conf)}", flush=True)
         started = time.time()
         result = subprocess.run([airflow, "dags", "test", DAG_IDS[args.backend], "-c", json.dumps(conf)], env=env)
@@ -109,13 +119,18 @@ def main() -> int:
         print(f"demo FAILED (airflow dags test exit code {result.returncode}); see the task logs above", flush=True)
         return 1
     summary = json.loads(summary_file.read_text())
-    counters = (after[args.backend], before[args.backend])
-    sent = int(counters[0]["requests_processed"]) - int(counters[1]["requests_processed"])  # type: ignore[index]
-    batches = int(counters[0]["batches_created"]) - int(counters[1]["batches_created"])  # type: ignore[index]
+    if args.backend == "server":  # requests that reached the realtime handlers (injected faults not counted)
+        sent = int(after["realtime"]["requests"]) - int(before["realtime"]["requests"])  # type: ignore[index]
+        provider = "server (emulator realtime routes, OpenAI-compatible)"
+    else:
+        counters = (after[args.backend], before[args.backend])
+        sent = int(counters[0]["requests_processed"]) - int(counters[1]["requests_processed"])  # type: ignore[index]
+        batches = int(counters[0]["batches_created"]) - int(counters[1]["batches_created"])  # type: ignore[index]
+        provider = f"{args.backend} (emulator: {batches} batch(es) created)"
     print("\n==> demo summary")
     print(f"  rows             {summary['rows']:,}")
     print(f"  chunks           {summary['chunks']:,}")
-    print(f"  provider         {args.backend} (emulator: {batches} batch(es) created)")
+    print(f"  provider         {provider}")
     print(f"  requests sent    {sent:,}")
     for status, count in summary["statuses"].items():
         print(f"  {status:<16} {count:,}")

@@ -79,6 +79,10 @@ def hook_class_for(provider: str) -> type[BatchHook]:
         from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
 
         return AnthropicBatchHook
+    if provider in ("vllm", "server"):  # self-hosted: results are local files in the OpenAI output format
+        from airflow_batch_provider.hooks.local_results import RESULTS_HOOKS
+
+        return RESULTS_HOOKS[provider]
     raise InvalidInputError(f"Unknown provider {provider!r}; choose 'openai' or 'anthropic'.")
 
 
