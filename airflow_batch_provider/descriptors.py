@@ -30,6 +30,8 @@ class ChunkDescriptor(TypedDict):
     schema_path: NotRequired[str]  # JSON Schema of the expected answer (structured output only)
     estimated_cost_usd: NotRequired[float | None]  # batch price of this chunk, None when the model is unpriced
     estimated_input_tokens: NotRequired[int]
+    carry_path: NotRequired[str]  # stored results of unchanged rows (skip_unchanged), see incremental.py
+    num_carried: NotRequired[int]
 
 
 class SubmittedBatch(ChunkDescriptor):

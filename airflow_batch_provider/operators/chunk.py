@@ -26,6 +26,8 @@ from airflow_batch_provider.cost import (
     usd,
 )
 from airflow_batch_provider.descriptors import ChunkDescriptor
+from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.incremental import SkipStats, apply_skip_unchanged, carried_summary, load_previous
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.requests import RequestSpec, check_endpoint, default_endpoint
 from airflow_batch_provider.structured import SCHEMA_FILE, save_schema
@@ -98,6 +100,11 @@ class ChunkOperator(BaseOperator):
     :param expected_output_tokens: output tokens per request for the estimate (default: the
         request's ``max_tokens``).
     :param pricing: price overrides (a dict or a file path); see ``airflow_batch_provider.pricing``.
+    :param skip_unchanged: send only rows that are new or whose request changed since
+        ``previous_output`` was written; unchanged rows keep their stored result (see
+        ``airflow_batch_provider.incremental``).
+    :param previous_output: the merged dataset of earlier runs (usually MergeResultsOperator's
+        ``output_dir``). Templated.
     """
 
     template_fields: Sequence[str] = (
@@ -108,6 +115,7 @@ class ChunkOperator(BaseOperator):
         "system_prompt",
         "id_column",
         "max_cost_usd",
+        "previous_output",
     )
     ui_color = "#eef7e8"
 
@@ -130,9 +138,18 @@ class ChunkOperator(BaseOperator):
         max_cost_usd: float | str | None = None,
         expected_output_tokens: int | None = None,
         pricing: Mapping[str, Any] | str | None = None,
+        skip_unchanged: bool = False,
+        previous_output: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if skip_unchanged and not previous_output:
+            raise InvalidInputError(
+                "skip_unchanged=True needs previous_output: the merged dataset of earlier runs "
+                "(usually the same folder as MergeResultsOperator's output_dir)."
+            )
+        self.skip_unchanged = skip_unchanged
+        self.previous_output = previous_output
         if not (isinstance(max_cost_usd, str) and "{{" in max_cost_usd):
             parse_max_cost_usd(max_cost_usd)  # a bad limit is a DAG import error, not a failed run
         self.max_cost_usd = max_cost_usd
@@ -205,6 +222,15 @@ class ChunkOperator(BaseOperator):
             schema_path = storage.join(job_dir, CHUNKS_DIR, SCHEMA_FILE)
             save_schema(spec.json_schema, schema_path)
             descriptors = [ChunkDescriptor(**d, schema_path=schema_path) for d in descriptors]
+        skipped: SkipStats | None = None
+        if self.skip_unchanged and self.previous_output:
+            descriptors, skipped = apply_skip_unchanged(descriptors, load_previous(self.previous_output))
+            self.log.info(
+                "skip_unchanged: %s of %s rows already have a result for the same request; sending %s",
+                f"{skipped.carried:,}",
+                f"{skipped.rows:,}",
+                f"{skipped.sent:,}",
+            )
         estimate = self._estimate_cost(context, spec, descriptors)
         rate = result.num_rows / result.seconds if result.seconds > 0 else 0.0
         summary = [
@@ -213,6 +239,7 @@ class ChunkOperator(BaseOperator):
             ("bytes", f"{result.num_bytes:,}"),
             ("ids derived", f"{result.derived_ids:,}"),
             ("seconds", f"{result.seconds:,.1f} ({rate:,.0f} rows/s)"),
+            *(carried_summary(skipped) if skipped else []),
             ("estimated cost", f"{usd(estimate.batch_usd)} batch, {usd(estimate.realtime_usd)} real-time"),
             ("written to", f"{job_dir}/chunks"),
         ]

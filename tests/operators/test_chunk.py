@@ -116,7 +116,9 @@ def test_bad_arguments_fail_at_construction(kwargs: dict[str, Any], fragment: st
 
 def test_template_fields_exclude_the_prompt_template() -> None:
     op = _operator(model="{{ params.model }}", system_prompt="{{ params.system }}")
-    assert set(op.template_fields) == {"source", "job_dir", "model", "provider", "system_prompt", "id_column"}
+    assert set(op.template_fields) == {
+        "source", "job_dir", "model", "provider", "system_prompt", "id_column", "max_cost_usd", "previous_output",
+    }  # fmt: skip
     assert "prompt_template" not in op.template_fields
     assert op.prompt_template == PROMPT
 

@@ -1,0 +1,154 @@
+"""Incremental reprocessing: send only the rows whose request changed since the last stored result.
+
+Every row carries a ``request_fingerprint`` (provider, endpoint and the rendered request without
+its custom_id). With ``skip_unchanged=True`` the chunk step compares each row with the previous
+merged output: a row whose custom_id already has a ``succeeded`` result for the same fingerprint
+is *carried*: its stored result is copied to ``chunks/chunk-NNNNN.carry.parquet`` and its request
+is dropped from the chunk file. The merge step puts carried results back, so the output still has
+one row per input row. A prompt change alters every fingerprint, so every row is sent again; new
+rows have no stored result, so only they are sent.
+
+The previous output is read before the merge overwrites it, so a crash in between loses nothing:
+the carry files hold the copies. Memory: the previous output's key columns plus the carried
+results of one chunk at a time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
+from airflow_batch_provider.storage import atomic_write, to_path
+
+log = logging.getLogger(__name__)
+
+CARRIED_COLUMNS = ("status", "response", "finish_reason", "error", "input_tokens", "output_tokens", "batch_id")
+
+
+@dataclass(frozen=True)
+class SkipStats:
+    """What the incremental pass decided."""
+
+    rows: int
+    carried: int
+
+    @property
+    def sent(self) -> int:
+        """Return the rows that still go to the provider."""
+        return self.rows - self.carried
+
+
+def _keys(table: pa.Table) -> pa.Array:
+    return pc.binary_join_element_wise(
+        pc.cast(table.column("custom_id"), pa.string()), table.column("request_fingerprint"), "\x1f"
+    )
+
+
+def load_previous(output_dir: str) -> pa.Table | None:
+    """Return the succeeded rows of a previous merged output (key + result columns), or None."""
+    folder = to_path(output_dir)
+    if not folder.exists():
+        return None
+    parts = sorted(p for p in folder.iterdir() if p.name.startswith("part-") and p.name.endswith(".parquet"))
+    if not parts:
+        return None
+    wanted = ["custom_id", "request_fingerprint", *CARRIED_COLUMNS]
+    tables = []
+    for part in parts:
+        with part.open("rb") as handle:
+            pf = pq.ParquetFile(handle)
+            names = set(pf.schema_arrow.names)
+            if not set(wanted) <= names:
+                log.warning("%s lacks %s; it cannot be used for skip_unchanged", part, sorted(set(wanted) - names))
+                continue
+            table = pf.read(columns=wanted)
+        tables.append(table.filter(pc.equal(table.column("status"), "succeeded")))
+    if not tables:
+        return None
+    previous = pa.concat_tables(tables, promote_options="permissive")
+    return previous.append_column("_key", _keys(previous))
+
+
+def _filter_requests(path: str, drop: set[str]) -> tuple[bytes, int]:
+    """Return the chunk file's lines without the custom_ids in ``drop``, and how many remain."""
+    kept: list[bytes] = []
+    with to_path(path).open("rb") as handle:
+        for line in handle:
+            if line.strip() and orjson.loads(line)["custom_id"] not in drop:
+                kept.append(line if line.endswith(b"\n") else line + b"\n")
+    return b"".join(kept), len(kept)
+
+
+def apply_skip_unchanged(
+    descriptors: list[ChunkDescriptor], previous: pa.Table | None
+) -> tuple[list[ChunkDescriptor], SkipStats]:
+    """Drop unchanged rows' requests from each chunk and write their stored results as carry files."""
+    rows_total = sum(d["num_requests"] for d in descriptors)
+    if previous is None or previous.num_rows == 0:
+        return descriptors, SkipStats(rows=rows_total, carried=0)
+    out: list[ChunkDescriptor] = []
+    carried_total = 0
+    prev_keys = previous.column("_key")
+    for d in descriptors:
+        with to_path(d["rows_path"]).open("rb") as handle:
+            rows = pq.read_table(handle, columns=["custom_id", "request_fingerprint"])
+        mask = pc.is_in(_keys(rows), value_set=prev_keys)
+        carried_ids = rows.filter(mask).column("custom_id").to_pylist()
+        if not carried_ids:
+            out.append(d)
+            continue
+        carried = previous.filter(pc.is_in(prev_keys, value_set=_keys(rows.filter(mask))))
+        carry_path = d["rows_path"].replace(".rows.parquet", ".carry.parquet")
+        with atomic_write(carry_path) as sink:
+            pq.write_table(carried.select(["custom_id", *CARRIED_COLUMNS]), sink, compression="zstd")
+        payload, remaining = _filter_requests(d["requests_path"], set(carried_ids))
+        with atomic_write(d["requests_path"]) as sink:
+            sink.write(payload)
+        carried_total += len(carried_ids)
+        label = f"chunk {d['chunk_index'] + 1}/{d['num_chunks']} ({remaining:,} req, {len(carried_ids):,} unchanged)"
+        out.append(
+            {
+                **d,
+                "num_requests": remaining,
+                "num_bytes": len(payload),
+                "fingerprint": hashlib.sha256(payload).hexdigest(),
+                "label": label,
+                "carry_path": carry_path,
+                "num_carried": len(carried_ids),
+            }
+        )
+    return out, SkipStats(rows=rows_total, carried=carried_total)
+
+
+def read_carried(carry_path: str) -> dict[str, tuple[ResultRecord, str]]:
+    """Return the carried results of one chunk: custom_id → (result record, original batch id)."""
+    with to_path(carry_path).open("rb") as handle:
+        table = pq.read_table(handle)
+    carried: dict[str, tuple[ResultRecord, str]] = {}
+    for row in table.to_pylist():
+        record: ResultRecord = {
+            "custom_id": row["custom_id"],
+            "status": row["status"],
+            "response": row["response"],
+            "finish_reason": row["finish_reason"],
+            "error": row["error"],
+            "error_code": None,
+            "http_status": 200,
+            "input_tokens": row["input_tokens"],
+            "output_tokens": row["output_tokens"],
+        }
+        carried[row["custom_id"]] = (record, row["batch_id"])
+    return carried
+
+
+def carried_summary(stats: SkipStats) -> list[tuple[str, Any]]:
+    """Rows for the chunk summary table."""
+    return [("unchanged (carried)", f"{stats.carried:,}"), ("to send", f"{stats.sent:,}")]
