@@ -95,19 +95,7 @@ class BatchExpiredError(BatchEndedBadlyError):
 
 
 class BatchCancelledError(BatchEndedBadlyError):
-    """Report a batch that was cancelled, by us or by someone else (``cancelled_by_us`` says which)."""
-
-    def __init__(
-        self,
-        message: str,
-        batch_id: str,
-        errors: Sequence[dict[str, Any]] = (),
-        state: dict[str, Any] | None = None,
-        *,
-        cancelled_by_us: bool = False,
-    ) -> None:
-        super().__init__(message, batch_id, errors, state)
-        self.cancelled_by_us = cancelled_by_us
+    """Report a batch that was cancelled, by us or by someone else."""
 
 
 class ResultsError(BatchProviderError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.exceptions import ResultsError
+from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from tests.conftest import wait_terminal
 from tests.support import make_context, write_chunk
@@ -59,9 +59,11 @@ def test_error_file_lines_and_missing_results(openai_conn, openai_hook, tmp_path
     extra = write_chunk(tmp_path / "k", [*rows, {"custom_id": "ghost", "text": "x", "sku": -1}], lines=[])
     batch = {**batch, "rows_path": extra["rows_path"]}
     out = tmp_path / "out"
-    summary = MergeResultsOperator(task_id="merge", batches=[batch], output_dir=str(out)).execute(make_context())
+    op = MergeResultsOperator(task_id="merge", batches=[batch], output_dir=str(out), max_failure_ratio=None)
+    summary = op.execute(make_context())
     merged = {r["custom_id"]: r for r in _read(out)}
     assert len(merged) == 41
+    assert {r["attempts"] for r in merged.values()} == {1}
     assert merged["ghost"]["status"] == "missing" and batch["batch_id"] in merged["ghost"]["error"]
     errored = [r for r in merged.values() if r["status"] == "errored"]
     assert errored and all(r["error"] and r["response"] is None for r in errored)
@@ -100,3 +102,28 @@ def test_source_column_named_like_a_result_column_is_refused(openai_hook, tmp_pa
 def test_no_batches_is_a_clear_error(tmp_path):
     with pytest.raises(ResultsError, match="no batches"):
         MergeResultsOperator(task_id="merge", batches=[], output_dir=str(tmp_path)).execute(make_context())
+
+
+def test_too_many_failures_raise_after_every_part_is_written(openai_conn, openai_hook, tmp_path):
+    good = _complete(openai_hook, write_chunk(tmp_path / "j", _rows(20), index=0, num_chunks=2))
+    openai_conn.set_faults(invalid_line_rate=0.5, seed=3)
+    bad = _complete(openai_hook, write_chunk(tmp_path / "j", _rows(20, start=20), index=1, num_chunks=2))
+    out = tmp_path / "out"
+    op = MergeResultsOperator(task_id="merge", batches=[good, bad], output_dir=str(out), max_failure_ratio=0.1)
+    with pytest.raises(TooManyFailuresError) as info:
+        op.execute(make_context())
+    message = str(info.value)
+    failed = sum(1 for r in _read(out) if r["status"] != "succeeded")
+    assert failed > 2
+    assert "1 of 2 chunk(s)" in message and "chunk 2/2" in message and "chunk 1/2" not in message
+    assert f"{failed} of 20 rows failed" in message
+    assert "invalid_request_error" in message  # the top error code, with its message
+    assert [c["label"] for c in info.value.chunks] == [bad["label"]]
+    # what succeeded is kept: both parts and the summary were written before the error
+    assert sorted(p.name for p in out.iterdir()) == ["_SUMMARY.json", "part-00000.parquet", "part-00001.parquet"]
+    assert len(_read(out)) == 40
+
+
+def test_max_failure_ratio_is_checked():
+    with pytest.raises(ValueError, match="max_failure_ratio"):
+        MergeResultsOperator(task_id="merge", batches=[], output_dir="x", max_failure_ratio=1.5)

@@ -18,12 +18,14 @@ from functools import cached_property
 from typing import Any, ClassVar
 
 import anthropic
+import httpx2
 import orjson
 
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.limits import ANTHROPIC_LIMITS, ProviderLimits
+from airflow_batch_provider.line_retry import iter_with_restarts
 from airflow_batch_provider.results import parse_anthropic_result
 from airflow_batch_provider.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
@@ -57,8 +59,11 @@ def map_anthropic_status(batch: Any) -> BatchStatus:
 
 
 def classify_anthropic_error(exc: BaseException) -> tuple[bool, float | None]:
-    """Say whether an SDK error is worth another attempt, and how long the server asked us to wait."""
-    if isinstance(exc, anthropic.APIConnectionError):
+    """Say whether an SDK error is worth another attempt, and how long the server asked us to wait.
+
+    A connection that breaks while results stream surfaces as ``httpx2.TransportError``: retryable.
+    """
+    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
         return True, None
     if isinstance(exc, anthropic.APIStatusError):
         retryable = exc.status_code in (408, 409, 429, 529) or exc.status_code >= 500
@@ -218,13 +223,30 @@ class AnthropicBatchHook(BatchHook):
         batch = await self._acall(f"cancel of batch {batch_id}", lambda: client.messages.batches.cancel(batch_id))
         return state_from_anthropic(batch)
 
+    def _stream_results(self, batch_id: str) -> Iterator[dict[str, Any]]:
+        decoder = self._call(f"results of batch {batch_id}", lambda: self.client.messages.batches.results(batch_id))
+        try:
+            for item in decoder:
+                yield item.model_dump(mode="json")
+        finally:
+            close = getattr(decoder, "close", None)
+            if close is not None:
+                close()
+
     def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
-        """Stream the batch's results (the SDK follows ``results_url`` and decodes JSONL lazily)."""
-        decoder = self._call(
-            f"results of batch {state.batch_id}", lambda: self.client.messages.batches.results(state.batch_id)
+        """Stream the batch's results (the SDK follows ``results_url`` and decodes JSONL lazily).
+
+        A connection that breaks mid-stream reopens the results (with our retry policy) and
+        skips the results already yielded: none is lost, none comes twice.
+        """
+        items = iter_with_restarts(
+            lambda: self._stream_results(state.batch_id),
+            what=f"results of batch {state.batch_id}",
+            classify=classify_anthropic_error,
+            policy=self.retry_policy,
         )
-        for item in decoder:
-            yield parse_anthropic_result(item.model_dump(mode="json"))
+        for item in items:
+            yield parse_anthropic_result(item)
 
     def batch_url(self, batch_id: str) -> str | None:
         """Link to the batch in the Anthropic console."""

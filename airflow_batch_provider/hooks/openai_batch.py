@@ -13,16 +13,19 @@ from collections.abc import Iterator, Mapping
 from functools import cached_property
 from typing import Any, ClassVar
 
+import httpx2
 import openai
 
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.limits import OPENAI_LIMITS, ProviderLimits
+from airflow_batch_provider.line_retry import iter_with_restarts
 from airflow_batch_provider.results import parse_openai_line
 from airflow_batch_provider.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.storage import to_path
+from airflow_batch_provider.token_budget import tokens_from_metadata
 
 IDEMPOTENCY_METADATA_KEY = "airflow_idempotency_key"
 
@@ -50,8 +53,12 @@ def map_openai_status(status: str | None, batch_id: str) -> BatchStatus:
 
 
 def classify_openai_error(exc: BaseException) -> tuple[bool, float | None]:
-    """Say whether an SDK error is worth another attempt, and how long the server asked us to wait."""
-    if isinstance(exc, openai.APIConnectionError):  # includes timeouts
+    """Say whether an SDK error is worth another attempt, and how long the server asked us to wait.
+
+    A connection that breaks while a result file is streaming surfaces as the transport's own
+    error (``httpx2.TransportError``), not the SDK's: it is retryable too.
+    """
+    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):  # includes timeouts
         return True, None
     if isinstance(exc, openai.APIStatusError):
         retryable = exc.status_code in (408, 409, 429) or exc.status_code >= 500
@@ -186,18 +193,35 @@ class OpenAIBatchHook(BatchHook):
         self.log.info("%s: created batch %s from file %s", chunk["label"], state.batch_id, file_id)
         return {**chunk, "batch_id": state.batch_id, "input_file_id": file_id}
 
+    def _iter_batches(self, *, max_pages: int) -> Iterator[Any]:
+        """Yield recent SDK batches, newest first, at most ``max_pages`` pages of 100."""
+        page = self._call("batch list", lambda: self.client.batches.list(limit=100))
+        for number in range(max_pages):
+            yield from page.data
+            if number + 1 == max_pages or not page.has_next_page():
+                return
+            page = self._call("batch list (next page)", page.get_next_page)
+
     def find_batches(self, metadata_key: str, value: str, *, max_pages: int = 10) -> list[BatchState]:
         """Return recent batches whose ``metadata[metadata_key] == value`` (newest first)."""
-        found: list[BatchState] = []
-        page = self._call("batch list", lambda: self.client.batches.list(limit=100))
-        for _ in range(max_pages):
-            for batch in page.data:
-                if (batch.metadata or {}).get(metadata_key) == value:
-                    found.append(state_from_openai(batch))
-            if not page.has_next_page():
-                break
-            page = self._call("batch list (next page)", page.get_next_page)
-        return found
+        return [
+            state_from_openai(batch)
+            for batch in self._iter_batches(max_pages=max_pages)
+            if (batch.metadata or {}).get(metadata_key) == value
+        ]
+
+    def in_flight_tokens(self, model: str, *, max_pages: int = 10) -> int:
+        """Sum the estimated input tokens of non-terminal batches for ``model`` (see ``token_budget``).
+
+        Only batches whose metadata carries ``airflow_chunk_tokens`` count: batches created
+        elsewhere are invisible to this gate (the provider's own refusal still covers them).
+        """
+        total = 0
+        for batch in self._iter_batches(max_pages=max_pages):
+            tokens = tokens_from_metadata(batch.metadata, model)
+            if tokens is not None and not map_openai_status(batch.status, batch.id).is_terminal:
+                total += tokens
+        return total
 
     def find_existing(
         self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
@@ -239,8 +263,7 @@ class OpenAIBatchHook(BatchHook):
         )
         return state_from_openai(batch)
 
-    def iter_file_lines(self, file_id: str) -> Iterator[bytes]:
-        """Stream a file's lines without loading it whole (blank lines skipped)."""
+    def _stream_file_lines(self, file_id: str) -> Iterator[bytes]:
         with self.client.files.with_streaming_response.content(file_id) as response:
             pending = b""
             for piece in response.iter_bytes(1 << 20):
@@ -253,12 +276,36 @@ class OpenAIBatchHook(BatchHook):
             if pending.strip():
                 yield pending
 
+    def iter_file_lines(self, file_id: str) -> Iterator[bytes]:
+        """Stream a file's lines without loading it whole (blank lines skipped).
+
+        A 429/5xx on opening or a connection that breaks mid-file reopens the file (with our
+        retry policy) and skips the lines already yielded: none is lost, none comes twice.
+        """
+        return iter_with_restarts(
+            lambda: self._stream_file_lines(file_id),
+            what=f"download of file {file_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+        )
+
     def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
         """Yield the parsed lines of the batch's output file, then of its error file."""
         for file_id in (state.output_file_id, state.error_file_id):
             if file_id:
                 for line in self.iter_file_lines(file_id):
                     yield parse_openai_line(line)
+
+    def iter_failed_results(self, state: BatchState) -> Iterator[ResultRecord]:
+        """Yield the results of the lines that did not succeed, read from the error file alone.
+
+        The output file holds only successes, so deciding what to retry never downloads the answers.
+        """
+        if state.error_file_id:
+            for line in self.iter_file_lines(state.error_file_id):
+                record = parse_openai_line(line)
+                if record["status"] != "succeeded":
+                    yield record
 
     def delete_file(self, file_id: str) -> None:
         """Delete an uploaded or result file."""

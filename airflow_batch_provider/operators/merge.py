@@ -9,7 +9,7 @@ import orjson
 from airflow.sdk import BaseOperator, Context
 
 from airflow_batch_provider.descriptors import CompletedBatch
-from airflow_batch_provider.exceptions import ResultsError
+from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
 from airflow_batch_provider.merge import (
     SUMMARY_FILE,
@@ -26,14 +26,20 @@ class MergeResultsOperator(BaseOperator):
     """Write ``output_dir/part-NNNNN.parquet`` (one per chunk) plus ``_SUMMARY.json``; return the summary.
 
     Output columns: the source columns, ``custom_id``, ``request_fingerprint``, then ``status``
-    (succeeded / errored / expired / canceled / missing), ``response`` (text, or the vector for
-    embeddings), ``finish_reason``, ``error``, ``input_tokens``, ``output_tokens``, ``batch_id``.
+    (succeeded / errored / expired / canceled / missing / invalid_output), ``response`` (text, or
+    the vector for embeddings), ``finish_reason``, ``error``, ``input_tokens``, ``output_tokens``,
+    ``batch_id`` (the batch whose result was kept) and ``attempts`` (batches that carried the row:
+    1 = first try). Every attempt of a chunk is read in order and the last result per row wins.
     Exactly one output row per input row; rerunning rewrites the same files.
 
     :param batches: BatchCompleteSensor results (``sensor.output`` of the mapped sensor).
     :param output_dir: dataset folder (local path or object-storage URL), owned by this task:
         part files it did not write are removed.
     :param conn_id: connection of the provider hook (default: the hook's default connection).
+    :param max_failure_ratio: the largest share of a chunk's rows that may end not ``succeeded``.
+        Every part file and ``_SUMMARY.json`` are written first (what succeeded is kept); then
+        TooManyFailuresError names each chunk over the ratio, how many rows failed and the most
+        common errors. None disables the check.
     """
 
     template_fields: Sequence[str] = ("batches", "output_dir", "conn_id")
@@ -46,13 +52,17 @@ class MergeResultsOperator(BaseOperator):
         output_dir: str,
         conn_id: str | None = None,
         provider: str | None = None,
+        max_failure_ratio: float | None = 0.05,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if max_failure_ratio is not None and not 0.0 <= float(max_failure_ratio) <= 1.0:
+            raise ValueError(f"max_failure_ratio must be between 0 and 1 (or None), got {max_failure_ratio!r}")
         self.batches = batches
         self.output_dir = output_dir
         self.conn_id = conn_id
         self.provider = provider
+        self.max_failure_ratio = max_failure_ratio
 
     def _hook(self, provider: str) -> BatchHook:
         return get_batch_hook(self.provider or provider, self.conn_id)
@@ -65,23 +75,61 @@ class MergeResultsOperator(BaseOperator):
         makedirs(self.output_dir)
         hooks: dict[str, BatchHook] = {}
         total = MergeStats()
+        over: list[dict[str, Any]] = []
         for batch in batches:
             provider = batch["provider"]
             hook = hooks.get(provider) or hooks.setdefault(provider, self._hook(provider))
-            stats = merge_chunk(hook, batch, self.output_dir)  # type: ignore[arg-type]
+            stats = merge_chunk(hook, batch, self.output_dir)
             self.log.info(
-                "%s: merged %d rows from batch %s (%s)",
+                "%s: merged %d rows from %d attempt(s) (%s)",
                 batch["label"],
                 stats.rows,
-                batch["batch_id"],
+                len(batch.get("attempts") or [batch["state"]]),
                 dict(stats.statuses),
             )
             total.add(stats)
+            ratio = stats.failed / stats.rows if stats.rows else 0.0
+            if self.max_failure_ratio is not None and ratio > self.max_failure_ratio:
+                over.append(
+                    {
+                        "label": batch["label"],
+                        "chunk_index": batch["chunk_index"],
+                        "rows": stats.rows,
+                        "failed": stats.failed,
+                        "ratio": round(ratio, 6),
+                        "top_errors": stats.errors.most_common(3),
+                    }
+                )
         removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
         if removed:
             self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
         summary = {**total.to_dict(), "output": str(self.output_dir), "batch_ids": [b["batch_id"] for b in batches]}
+        if self.max_failure_ratio is not None:
+            summary["max_failure_ratio"] = self.max_failure_ratio
+            summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
         with atomic_write(join(self.output_dir, SUMMARY_FILE)) as out:
             out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.log.info("Batch job summary\n%s", format_summary_table(summary))
+        if over:
+            raise TooManyFailuresError(
+                _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
+            )
         return summary
+
+
+def _too_many_failures_message(over: list[dict[str, Any]], limit: float | None, num_chunks: int) -> str:
+    lines = [
+        f"{len(over)} of {num_chunks} chunk(s) have more failed rows than max_failure_ratio={limit} allows. "
+        "Every part file was written (succeeded rows are kept); failed rows carry status and error:"
+    ]
+    for chunk in over:
+        errors = "; ".join(f"{what} (x{count:,})" for what, count in chunk["top_errors"])
+        lines.append(
+            f"  - {chunk['label']}: {chunk['failed']:,} of {chunk['rows']:,} rows failed "
+            f"({chunk['ratio']:.1%}); top errors: {errors or 'none recorded'}"
+        )
+    lines.append(
+        "Retryable failures were already resent (max_line_retries on the sensor); fix the requests named above, "
+        "or raise max_failure_ratio if this share of failures is acceptable."
+    )
+    return "\n".join(lines)

@@ -2,6 +2,12 @@
 
 ``run()`` only awaits (the async SDK client and ``asyncio.sleep``), yields exactly one
 terminal event, and is safe to run twice: a restarted triggerer simply polls again.
+
+The trigger carries the sensor's small retry record (``carry``) and hands it back in every
+event, so ``execute_complete`` knows which attempt it is looking at even without a task
+state store. ``on_kill`` cancels the batch and leaves a marker in the job folder
+(``retries/cancelled/<batch_id>.json``): the triggerer cannot write the task's checkpoint,
+and a later run of the sensor must be able to tell "we cancelled it" from "someone else did".
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_batch_provider.exceptions import BatchProviderError
 from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
+from airflow_batch_provider.line_retry import mark_cancelled_by_us
 from airflow_batch_provider.retry import NO_RETRY
 
 
@@ -27,7 +34,13 @@ class BatchCompleteTrigger(BaseTrigger):
     failed ``max_poll_errors`` times in a row, and ``{"status": "timeout", ...}`` when
     ``timeout`` seconds passed without a terminal status.
 
+    Every event also carries ``carry`` (the kwarg, echoed unchanged).
+
     :param cancel_on_kill: cancel the provider batch when Airflow kills the deferred task.
+    :param not_before: wall-clock time (epoch seconds) before which the batch is not polled (the
+        sensor waiting out a provider refusal); wall clock because it must survive a process change.
+    :param job_dir: the chunk's job folder, where ``on_kill`` leaves its "cancelled by us" marker.
+    :param carry: small JSON-able record returned as is in the event.
     """
 
     def __init__(
@@ -41,6 +54,9 @@ class BatchCompleteTrigger(BaseTrigger):
         max_poll_errors: int = 5,
         cancel_on_kill: bool = True,
         label: str = "",
+        not_before: float | None = None,
+        job_dir: str | None = None,
+        carry: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.provider = provider
@@ -51,6 +67,9 @@ class BatchCompleteTrigger(BaseTrigger):
         self.max_poll_errors = max_poll_errors
         self.cancel_on_kill = cancel_on_kill
         self.label = label
+        self.not_before = not_before
+        self.job_dir = job_dir
+        self.carry = carry
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return the class path and JSON-able kwargs that rebuild this trigger."""
@@ -65,6 +84,9 @@ class BatchCompleteTrigger(BaseTrigger):
                 "max_poll_errors": self.max_poll_errors,
                 "cancel_on_kill": self.cancel_on_kill,
                 "label": self.label,
+                "not_before": self.not_before,
+                "job_dir": self.job_dir,
+                "carry": self.carry,
             },
         )
 
@@ -76,6 +98,8 @@ class BatchCompleteTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll until terminal; yield exactly one event."""
         hook = self._hook()
+        if self.not_before is not None and self.not_before > time.time():
+            await asyncio.sleep(self.not_before - time.time())
         started = time.monotonic()
         errors_in_a_row = 0
         last_state: dict[str, Any] | None = None
@@ -102,6 +126,7 @@ class BatchCompleteTrigger(BaseTrigger):
                             "message": f"polling batch {self.batch_id} failed {errors_in_a_row} times in a row; "
                             f"last error: {exc}",
                             "state": last_state,
+                            "carry": self.carry,
                         }
                     )
                     return
@@ -113,7 +138,9 @@ class BatchCompleteTrigger(BaseTrigger):
                     self.log.info("%s%s", prefix, line)
                     last_line = line
                 if state.status.is_terminal:
-                    yield TriggerEvent({"status": "success", "batch_id": self.batch_id, "state": last_state})
+                    yield TriggerEvent(
+                        {"status": "success", "batch_id": self.batch_id, "state": last_state, "carry": self.carry}
+                    )
                     return
             if self.timeout is not None and time.monotonic() - started >= self.timeout:
                 yield TriggerEvent(
@@ -122,15 +149,21 @@ class BatchCompleteTrigger(BaseTrigger):
                         "batch_id": self.batch_id,
                         "message": f"batch {self.batch_id} did not end within {self.timeout:.0f} s",
                         "state": last_state,
+                        "carry": self.carry,
                     }
                 )
                 return
             await asyncio.sleep(self.poll_interval)
 
     async def on_kill(self) -> None:
-        """Cancel the provider batch when the deferred task is killed (Airflow 3.3+)."""
+        """Cancel the provider batch when the deferred task is killed (Airflow 3.3+), and say it was us."""
         if not self.cancel_on_kill:
             return
+        if self.job_dir:
+            try:  # first the marker: if the cancel call hangs past on_kill's time limit, the record is there
+                await asyncio.to_thread(mark_cancelled_by_us, self.job_dir, self.batch_id, "its task was killed")
+            except OSError as exc:
+                self.log.warning("could not record the cancel of batch %s in %s: %s", self.batch_id, self.job_dir, exc)
         hook = get_batch_hook(self.provider, self.conn_id)
         acancel = getattr(hook, "acancel", None)
         try:

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+import pytest
+
+from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
 from airflow_batch_provider.operators.submit import CHECKPOINT_KEY, SubmitBatchOperator, idempotency_key
+from airflow_batch_provider.status import BatchState, BatchStatus
+from airflow_batch_provider.token_budget import (
+    CHUNK_TOKENS_KEY,
+    MODEL_KEY,
+    BudgetCheck,
+    budget_for,
+    estimate_file_tokens,
+    is_token_limit_refusal,
+    refusal_step,
+)
 from tests.conftest import wait_terminal
 from tests.support import InMemoryTaskStateStore, make_context, write_chunk
 
@@ -115,3 +128,69 @@ def test_without_a_store_it_still_reconciles(openai_conn, tmp_path):
 def test_map_index_template_names_the_chunk():
     op = SubmitBatchOperator(task_id="s", chunk={"label": "chunk 1/2"})
     assert op.map_index_template == "{{ task.chunk['label'] }}"
+
+
+# ------------------------------------------------------------------------------- token budget
+
+
+def test_openai_batches_record_their_estimated_tokens(openai_conn, tmp_path):
+    chunk = _chunk(tmp_path, n=10)
+    _op(chunk).execute(make_context(InMemoryTaskStateStore()))
+    metadata = openai_conn.batches()[0]["metadata"]
+    assert int(metadata[CHUNK_TOKENS_KEY]) == estimate_file_tokens(chunk["requests_path"], "gpt-4o-mini", "openai")
+    assert metadata[MODEL_KEY] == "gpt-4o-mini"
+    assert len(metadata) <= 16
+
+
+def test_in_flight_tokens_count_live_batches_of_the_model(openai_conn, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    hook = OpenAIBatchHook()
+    live = _op(_chunk(tmp_path / "a")).execute(make_context(InMemoryTaskStateStore()))
+    done = _op(_chunk(tmp_path / "b", n=4)).execute(make_context(InMemoryTaskStateStore()))
+    hook.cancel(done["batch_id"])
+    wait_terminal(hook, done["batch_id"])
+    tokens = int(openai_conn.batches()[0]["metadata"][CHUNK_TOKENS_KEY])
+    assert hook.in_flight_tokens("gpt-4o-mini") == tokens  # the cancelled one no longer counts
+    assert hook.in_flight_tokens("gpt-4.1") == 0
+    hook.cancel(live["batch_id"])
+
+
+@pytest.mark.parametrize("budget", [0, -5, True, "many", {"gpt-4o-mini": 0}, {}], ids=repr)
+def test_a_bad_token_budget_is_refused_at_parse_time(budget):
+    with pytest.raises(InvalidInputError, match="token_budget"):
+        SubmitBatchOperator(task_id="s", chunk={"label": "c"}, token_budget=budget)
+
+
+def test_budget_for_and_fits():
+    assert budget_for(None, "m") is None
+    assert budget_for(100, "m") == 100
+    assert budget_for({"m": 5}, "m") == 5 and budget_for({"m": 5}, "other") is None
+    assert BudgetCheck(tokens=60, in_flight=50, budget=100).fits is False
+    assert BudgetCheck(tokens=50, in_flight=50, budget=100).fits is True
+    assert BudgetCheck(tokens=500, in_flight=0, budget=100).fits is True  # alone it goes, or it would wait forever
+
+
+def test_refusal_step_waits_then_resubmits_then_gives_up():
+    wait: dict[str, float] = {}
+    assert refusal_step(wait, now=100.0, interval=10, max_wait=60) == "wait"
+    assert wait == {"since": 100.0, "resubmit_at": 110.0}
+    assert refusal_step(wait, now=105.0, interval=10, max_wait=60) == "wait"
+    assert refusal_step(wait, now=110.0, interval=10, max_wait=60) == "resubmit"
+    assert refusal_step(wait, now=120.0, interval=10, max_wait=60) == "wait" and wait["resubmit_at"] == 130.0
+    assert refusal_step(wait, now=161.0, interval=10, max_wait=60) == "give_up"
+
+
+def test_only_a_pure_token_limit_failure_counts_as_a_refusal():
+    def state(*codes: str) -> BatchState:
+        errors = tuple({"code": c, "line": None, "message": "m", "param": None} for c in codes)
+        return BatchState("b", "openai", BatchStatus.FAILED, "failed", errors=errors)
+
+    assert is_token_limit_refusal(state("token_limit_exceeded"))
+    assert not is_token_limit_refusal(state("token_limit_exceeded", "invalid_json_line"))
+    assert not is_token_limit_refusal(state())
+
+
+def test_token_estimate_falls_back_to_bytes(tmp_path):
+    path = tmp_path / "odd.jsonl"
+    path.write_bytes(b'{"custom_id": "a", "no_body": true}\n' * 4)
+    assert estimate_file_tokens(str(path), "gpt-4o-mini", "openai") == -(-path.stat().st_size // 4)

@@ -7,7 +7,6 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_batch_provider.exceptions import (
     BatchCancelledError,
-    BatchExpiredError,
     BatchFailedError,
     BatchPollError,
     BatchTimeoutError,
@@ -62,14 +61,14 @@ def test_validation_failure_raises_with_provider_codes(openai_conn, openai_hook,
     assert info.value.errors and info.value.errors[0]["code"]
 
 
-def _state(status: BatchStatus, provider_status: str) -> dict:
+def _state(status: BatchStatus, provider_status: str, *, completed: int = 4, code: str = "invalid_json_line") -> dict:
     return BatchState(
         batch_id="batch_1",
         provider="openai",
         status=status,
         provider_status=provider_status,
-        counts=RequestCounts(total=10, completed=4, failed=0),
-        errors=({"code": "token_limit_exceeded", "line": None, "message": "too many tokens", "param": None},),
+        counts=RequestCounts(total=10, completed=completed, failed=0),
+        errors=({"code": code, "line": 3, "message": "bad line", "param": None},),
     ).to_dict()
 
 
@@ -77,10 +76,9 @@ def _state(status: BatchStatus, provider_status: str) -> dict:
     ("status", "provider_status", "error"),
     [
         (BatchStatus.FAILED, "failed", BatchFailedError),
-        (BatchStatus.EXPIRED, "expired", BatchExpiredError),
         (BatchStatus.CANCELLED, "cancelled", BatchCancelledError),
     ],
-    ids=["failed", "expired", "cancelled"],
+    ids=["failed", "cancelled"],
 )
 def test_execute_complete_raises_typed_errors(status, provider_status, error):
     batch = {"batch_id": "batch_1", "provider": "openai", "label": "chunk 2/3 (10 req)"}
@@ -91,12 +89,31 @@ def test_execute_complete_raises_typed_errors(status, provider_status, error):
     assert info.value.state["status"] == status.value
 
 
+def test_a_cancel_by_someone_else_says_so():
+    batch = {"batch_id": "batch_1", "provider": "openai", "label": "c"}
+    with pytest.raises(BatchCancelledError, match="someone else, not by this pipeline"):
+        _sensor(batch).execute_complete(
+            make_context(), {"status": "success", "state": _state(BatchStatus.CANCELLED, "cancelled")}
+        )
+
+
+def test_expiry_is_not_an_error_any_more():
+    """An expired batch goes through the line-retry path (see tests/test_faults.py), it never raises as such."""
+    batch = {"batch_id": "batch_1", "provider": "openai", "label": "c"}
+    sensor = _sensor(batch, max_line_retries=0)
+    out = sensor.execute_complete(
+        make_context(), {"status": "success", "state": _state(BatchStatus.EXPIRED, "expired", code="x")}
+    )
+    assert out["state"]["status"] == "expired" and [a["status"] for a in out["attempts"]] == ["expired"]
+
+
 def test_execute_complete_success_passes_the_state_on():
     batch = {"batch_id": "batch_1", "provider": "openai", "label": "c"}
     out = _sensor(batch).execute_complete(
-        make_context(), {"status": "success", "state": _state(BatchStatus.COMPLETED, "completed")}
+        make_context(), {"status": "success", "state": _state(BatchStatus.COMPLETED, "completed", completed=10)}
     )
     assert out["state"]["status"] == "completed" and out["batch_id"] == "batch_1"
+    assert out["attempts"] == [out["state"]]
 
 
 def test_poll_error_event_raises():

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import time
 
+from airflow_batch_provider.line_retry import cancelled_by_us
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 from tests.conftest import wait_terminal
 from tests.support import write_chunk
@@ -20,7 +22,16 @@ def _trigger(batch_id: str, **kwargs) -> BatchCompleteTrigger:
 
 
 def test_serialize_round_trip():
-    trigger = _trigger("batch_1", timeout=90.0, max_poll_errors=3, cancel_on_kill=False, label="chunk 1/2")
+    trigger = _trigger(
+        "batch_1",
+        timeout=90.0,
+        max_poll_errors=3,
+        cancel_on_kill=False,
+        label="chunk 1/2",
+        not_before=1.5e9,
+        job_dir="/jobs/x",
+        carry={"origin": "batch_1", "attempts": [{"batch_id": "batch_1"}]},
+    )
     path, kwargs = trigger.serialize()
     module, _, name = path.rpartition(".")
     rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
@@ -82,3 +93,27 @@ def test_on_kill_respects_cancel_on_kill_false(openai_conn, openai_hook, tmp_pat
     asyncio.run(_trigger(batch_id, cancel_on_kill=False).on_kill())
     assert openai_hook.get_state(batch_id).status.value in ("validating", "in_progress")
     openai_hook.cancel(batch_id)
+
+
+def test_every_event_carries_the_sensor_record_back(openai_hook, tmp_path):
+    batch_id = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "c", "text": "x"}]), metadata={})["batch_id"]
+    carry = {"origin": batch_id, "attempts": [{"batch_id": batch_id}], "cancelled": {}}
+    events = asyncio.run(_events(_trigger(batch_id, carry=carry)))
+    assert events[0].payload["carry"] == carry
+
+
+def test_not_before_delays_the_first_poll(openai_hook, tmp_path):
+    batch_id = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "n", "text": "x"}]), metadata={})["batch_id"]
+    wait_terminal(openai_hook, batch_id)
+    started = time.monotonic()
+    events = asyncio.run(_events(_trigger(batch_id, not_before=time.time() + 0.4)))
+    assert time.monotonic() - started >= 0.35
+    assert events[0].payload["status"] == "success"
+
+
+def test_on_kill_leaves_a_we_cancelled_it_marker(openai_conn, openai_hook, tmp_path):
+    openai_conn.set_faults(slow=30.0)
+    batch_id = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "m", "text": "x"}]), metadata={})["batch_id"]
+    asyncio.run(_trigger(batch_id, job_dir=str(tmp_path)).on_kill())
+    assert cancelled_by_us(str(tmp_path), batch_id) == "its task was killed"
+    assert wait_terminal(openai_hook, batch_id).status.value == "cancelled"

@@ -1,0 +1,206 @@
+"""Bad input fails in the chunk step, names the rows and what to do, and nothing reaches the provider.
+
+Every case runs ChunkOperator and, if it ever returned, SubmitBatchOperator on each chunk — so a
+case the chunk step let through would show up as an upload in the emulator's stats. Cases the
+chunk step does not handle yet are marked ``xfail(strict=True)`` with the exact input: they turn
+into failures (XPASS) once ``chunks.py`` handles them, as a reminder to drop the mark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
+from airflow_batch_provider.operators.chunk import ChunkOperator
+from airflow_batch_provider.operators.submit import SubmitBatchOperator
+from tests.support import InMemoryTaskStateStore, make_context
+
+PROMPT = "Classify this product: {title}"
+
+
+def _parquet(path: Path, **columns: list[Any]) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def _chunk_then_submit(source: Path, job_dir: Path, **kwargs: Any) -> list[dict[str, Any]]:
+    """Run the chunk step and submit whatever it produced (nothing, when it rejects the input)."""
+    args: dict[str, Any] = {
+        "task_id": "chunk",
+        "source": str(source),
+        "prompt_template": PROMPT,
+        "model": "gpt-4o-mini",
+        "id_column": "id",
+        "job_dir": str(job_dir),
+        **kwargs,
+    }
+    chunks = ChunkOperator(**args).execute(make_context())
+    return [
+        SubmitBatchOperator(task_id="submit", chunk=chunk).execute(make_context(InMemoryTaskStateStore()))
+        for chunk in chunks
+    ]
+
+
+def _error_of(source: Path, job_dir: Path, **kwargs: Any) -> Exception | None:
+    """Return what chunk-then-submit raised (None when it went through), for the known-gap cases."""
+    try:
+        _chunk_then_submit(source, job_dir, **kwargs)
+    except Exception as exc:
+        return exc
+    return None
+
+
+@pytest.fixture
+def emulator(openai_conn, anthropic_conn):
+    yield openai_conn
+    stats = openai_conn.stats()
+    assert stats["openai"]["files_uploaded"] == 0, "bad input reached the provider"
+    assert stats["openai"]["batches_created"] == 0 and stats["anthropic"]["batches_created"] == 0
+
+
+def _no_chunks_left(job_dir: Path) -> None:
+    assert not (job_dir / "chunks").exists(), sorted(p.name for p in job_dir.rglob("*"))
+
+
+def test_corrupt_parquet(emulator, tmp_path):
+    source = tmp_path / "products.parquet"
+    source.write_bytes(b"PAR1 this is not a parquet file")
+    with pytest.raises(InvalidInputError, match=r"Cannot read .*products\.parquet as parquet") as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert "corrupted or this is not a parquet file" in str(info.value)
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_truncated_jsonl_names_the_row(emulator, tmp_path):
+    source = tmp_path / "products.jsonl"
+    source.write_text('{"id": 1, "title": "kettle"}\n{"id": 2, "title": "lamp"')
+    with pytest.raises(InvalidInputError, match=r"products.jsonl as jsonl.*row 1"):
+        _chunk_then_submit(source, tmp_path / "job")
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_missing_input_file(emulator, tmp_path):
+    with pytest.raises(InvalidInputError, match="does not exist"):
+        _chunk_then_submit(tmp_path / "nowhere.parquet", tmp_path / "job")
+
+
+def test_missing_template_column_lists_what_there_is(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=[1, 2], name=["kettle", "lamp"])
+    with pytest.raises(InvalidInputError, match=r"\['title'\].*available columns: \['id', 'name'\]"):
+        _chunk_then_submit(source, tmp_path / "job")
+
+
+def test_null_prompt_value_names_the_row(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=[1, 2, 3], title=["kettle", None, "lamp"])
+    with pytest.raises(InvalidInputError, match="null in column 'title': 1 row\\(s\\) at position 1") as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert "Fill or filter" in str(info.value) and info.value.rows == [1]
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_blank_prompt_names_the_rows(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=[1, 2, 3], title=["kettle", "  ", ""])
+    with pytest.raises(InvalidInputError, match="whitespace-only prompt: 2 row\\(s\\) at position 1, 2") as info:
+        _chunk_then_submit(source, tmp_path / "job", prompt_template="{title}")
+    assert "Fill or filter" in str(info.value)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="chunks.py: a blank value inside a template with other text (title='  ' in "
+    "'Classify this product: {title}') is accepted; only an entirely blank prompt is rejected",
+)
+def test_blank_value_inside_a_template_names_the_row(openai_conn, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=[1, 2], title=["kettle", "  "])
+    error = _error_of(source, tmp_path / "job")
+    assert isinstance(error, InvalidInputError), "a blank title was turned into a request"
+    assert "position 1" in str(error)
+
+
+def test_non_utf8_csv(emulator, tmp_path):
+    source = tmp_path / "p.csv"
+    source.write_bytes("id,title\n1,kettle\n2,caf\xe9 au lait\n".encode("latin-1"))
+    with pytest.raises(InvalidInputError, match=r"p\.csv as csv.*invalid UTF8"):
+        _chunk_then_submit(source, tmp_path / "job")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason='chunks.py: latin-1 bytes in a .jsonl ({"id": 2, "title": "caf\\xe9"}) pass the reader and are '
+    "written into the request file as invalid UTF-8; the error (if any) comes later and names no row",
+)
+def test_non_utf8_jsonl_names_the_row(openai_conn, tmp_path):
+    source = tmp_path / "p.jsonl"
+    source.write_bytes('{"id": 1, "title": "kettle"}\n{"id": 2, "title": "caf\xe9"}\n'.encode("latin-1"))
+    error = _error_of(source, tmp_path / "job")
+    assert isinstance(error, InvalidInputError), f"not an InvalidInputError naming the row: {error!r}"
+    assert "utf" in str(error).lower()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="chunks.py: an unterminated quote in a csv ('1,\"kettle\\n2,lamp\\n') swallows the following rows "
+    "into one value: 2 data lines become 1 request, silently",
+)
+def test_unterminated_csv_quote_is_not_silently_merged(openai_conn, tmp_path):
+    source = tmp_path / "p.csv"
+    source.write_text('id,title\n1,"kettle\n2,lamp\n')
+    error = _error_of(source, tmp_path / "job")
+    assert isinstance(error, InvalidInputError), "a row of the csv disappeared into another row, silently"
+
+
+def test_duplicate_ids_name_both_rows(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=[1, 2, 2, 3], title=["a", "b", "c", "d"])
+    with pytest.raises(InvalidInputError, match="duplicate id in column 'id'") as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert "id '2' at rows 1 and 2" in str(info.value) and "de-duplicate" in str(info.value)
+
+
+def test_null_and_empty_ids_name_the_rows(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=["a", None, "", "d"], title=["w", "x", "y", "z"])
+    with pytest.raises(InvalidInputError, match="null or empty id in column 'id': 2 row\\(s\\) at position 1, 2"):
+        _chunk_then_submit(source, tmp_path / "job")
+
+
+def test_a_request_over_the_byte_cap_names_the_row(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=[1, 2, 3], title=["a", "x" * 5000, "c"])
+    with pytest.raises(ChunkLimitError, match="Row 1 \\(custom_id '2'\\)") as info:
+        _chunk_then_submit(source, tmp_path / "job", byte_cap=2000)
+    assert "raise byte_cap" in str(info.value)
+    _no_chunks_left(tmp_path / "job")
+
+
+@pytest.mark.parametrize(
+    ("provider", "endpoint", "model"),
+    [("openai", "/v1/messages", "gpt-4o-mini"), ("anthropic", "/v1/embeddings", "claude-haiku-5-5")],
+    ids=["openai-messages", "anthropic-embeddings"],
+)
+def test_an_endpoint_the_provider_does_not_have(emulator, tmp_path, provider, endpoint, model):
+    source = _parquet(tmp_path / "p.parquet", id=[1], title=["a"])
+    with pytest.raises(InvalidInputError, match=f"Endpoint '{endpoint}' is not supported .* accepted: "):
+        _chunk_then_submit(source, tmp_path / "job", provider=provider, endpoint=endpoint, model=model)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="chunks.py/requests.py: a model that cannot serve the endpoint (text-embedding-3-small on "
+    "/v1/chat/completions, gpt-4o-mini on /v1/embeddings) is accepted and only fails at the provider",
+)
+@pytest.mark.parametrize(
+    ("endpoint", "model"),
+    [("/v1/chat/completions", "text-embedding-3-small"), ("/v1/embeddings", "gpt-4o-mini")],
+    ids=["embedding-model-on-chat", "chat-model-on-embeddings"],
+)
+def test_a_model_that_cannot_serve_the_endpoint(openai_conn, tmp_path, endpoint, model):
+    source = _parquet(tmp_path / "p.parquet", id=[1], title=["a"])
+    error = _error_of(source, tmp_path / "job", endpoint=endpoint, model=model)
+    assert isinstance(error, InvalidInputError), f"{model} on {endpoint} was submitted"
