@@ -56,7 +56,15 @@ switch                     what the emulator does
                            over it, so counts grow gradually and a cancel lands mid-way)
 --token-limit N            OpenAI: a batch whose estimated input tokens plus those of in-flight
                            batches of the same model exceed N fails ``token_limit_exceeded``
+--delay-route 'M /p=S'     hold every ``M /p`` call S seconds *before* the route runs (repeatable;
+                           ``{name}`` matches one path segment: ``'GET /v1/files/{id}/content=30'``);
+                           a client that hangs up meanwhile gets nothing done
+--delay-after-route 'M /p=S'  run the route, then hold the answer S seconds (the object exists,
+                           the client does not know its id yet); a hang-up drops the answer
 =========================  ======================================================================
+
+Route delays are how the crash tests stop a task at a known point and kill it there; held
+requests show in ``GET /_emulator/stats`` under ``http.delayed_in_flight``.
 
 Line faults are picked per (seed, custom_id); HTTP faults per call from a seeded counter, so a
 retried request rolls again and the SDK's retries can get through. The expiry check wins over
@@ -111,8 +119,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drop-rate", type=float, default=0.0, help="fraction of API calls dropped unanswered")
     parser.add_argument("--slow", type=float, default=0.0, help="extra seconds each batch spends in progress")
     parser.add_argument("--token-limit", type=int, default=None, help="OpenAI enqueued-token limit per model")
+    parser.add_argument(
+        "--delay-route",
+        action="append",
+        default=[],
+        metavar="'METHOD /path=SECONDS'",
+        help="hold matching calls SECONDS before the route runs (repeatable)",
+    )
+    parser.add_argument(
+        "--delay-after-route",
+        action="append",
+        default=[],
+        metavar="'METHOD /path=SECONDS'",
+        help="run matching calls, then hold the answer SECONDS (repeatable)",
+    )
     parser.add_argument("--quiet", action="store_true", help="do not log batch state changes")
     return parser
+
+
+def parse_route_delays(values: list[str], flag: str) -> dict[str, float]:
+    """Turn ``['POST /v1/batches=20', ...]`` into ``{'POST /v1/batches': 20.0}``; reject malformed items."""
+    delays: dict[str, float] = {}
+    for item in values:
+        key, sep, seconds = item.rpartition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{flag} {item!r}: expected 'METHOD /path=SECONDS', e.g. 'POST /v1/batches=20'.")
+        try:
+            delays[key.strip()] = float(seconds)
+        except ValueError:
+            raise ValueError(f"{flag} {item!r}: {seconds!r} is not a number of seconds.") from None
+    return delays
 
 
 def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
@@ -130,6 +166,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         drop_rate=args.drop_rate,
         slow=args.slow,
         token_limit=args.token_limit,
+        delay_routes=parse_route_delays(args.delay_route, "--delay-route"),
+        delay_after_routes=parse_route_delays(args.delay_after_route, "--delay-after-route"),
     )
     return EmulatorConfig(
         host=args.host, port=args.port, latency=args.latency, realtime_delay=args.realtime_delay, faults=faults

@@ -104,7 +104,7 @@ def _errored(kind: str, message_text: str) -> dict[str, Any]:
 
 def run_request(batch_id: str, custom_id: str, params: Any, faults: Faults) -> tuple[str, bytes]:
     """Execute one batch request; return (result type, JSONL record)."""
-    fate = line_fate(faults, custom_id)
+    fate = line_fate(faults, custom_id, batch_id)
     result: dict[str, Any]
     if fate == "expired":
         result = {"type": "expired"}

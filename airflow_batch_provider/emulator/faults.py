@@ -1,16 +1,26 @@
 """Fault switches of the emulator and the deterministic dice that drive them.
 
-Line faults are decided per ``(seed, kind, custom_id)``, so the same file always fails the same
-lines. HTTP faults are decided per call from a seeded counter, so a retried identical request
+Line faults are deterministic. A permanent fault (``invalid_line_rate``, a 400-class error) is
+decided per ``(seed, custom_id)``: the same request always fails the same way, as a bad request
+would. A transient fault (``line_error_rate``, ``expire_rate``) is decided per ``(seed, batch id,
+custom_id)``: the same line resent in a follow-up batch rolls again and can succeed, as a real
+server error or expiry would. HTTP faults are decided per call from a seeded counter, so a retried identical request
 rolls again and can succeed.
+
+Route delays (``delay_routes`` / ``delay_after_routes``) hold a request on one route for a fixed
+time, so a test can catch a client at a known point: *before* the route runs (a killed client
+leaves no trace: the request is abandoned) or *after* it ran but before the answer is sent (the
+object exists, the client never learns its id). Keys are ``"METHOD /path"`` where ``{name}``
+matches one path segment, e.g. ``"GET /v1/files/{file_id}/content"``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
 #: The code a batch fails with under ``fail_validation=True``.
@@ -20,6 +30,45 @@ LineFate = Literal["ok", "expired", "server_error", "invalid"]
 HttpFault = Literal["429", "500", "drop"]
 
 _RATES = ("line_error_rate", "invalid_line_rate", "expire_rate", "http_429_rate", "http_500_rate", "drop_rate")
+_METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH"})
+_PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def route_pattern(key: str) -> re.Pattern[str]:
+    """Compile a delay key ``"METHOD /path/{name}"`` into a regex over ``"METHOD /path"``.
+
+    Raise ``ValueError`` naming the key when it is not a known method, one space and a path.
+    """
+    method, sep, path = key.strip().partition(" ")
+    method = method.upper()
+    path = path.strip()
+    if not sep or method not in _METHODS or not path.startswith("/") or " " in path:
+        raise ValueError(
+            f"Route delay key {key!r} must look like 'METHOD /path' (methods {sorted(_METHODS)}; "
+            "'{name}' matches one path segment), e.g. 'POST /v1/batches'."
+        )
+    pieces = _PLACEHOLDER.split(path)
+    regex = "[^/]+".join(re.escape(piece) for piece in pieces)
+    return re.compile(f"{method} {regex}/?")
+
+
+def _clean_delays(name: str, raw: object) -> dict[str, float]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"Fault {name} must be an object of 'METHOD /path': seconds, not {raw!r}.")
+    clean: dict[str, float] = {}
+    for key, value in raw.items():
+        route_pattern(str(key))  # validates
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"Fault {name}[{key!r}]={value!r} must be a number of seconds.") from None
+        if not 0.0 <= seconds <= 3600.0:
+            raise ValueError(f"Fault {name}[{key!r}]={seconds!r} must be between 0 and 3600 seconds.")
+        method, _, path = str(key).strip().partition(" ")
+        clean[f"{method.upper()} {path.strip()}"] = seconds
+    return clean
 
 
 @dataclass(frozen=True)
@@ -28,6 +77,9 @@ class Faults:
 
     ``fail_validation`` takes the validation code to fail with (``True`` means
     ``DEFAULT_VALIDATION_CODE``). ``token_limit`` is the OpenAI enqueued-token cap per model.
+    ``delay_routes`` maps ``"METHOD /path"`` to seconds slept *before* the route runs; a client
+    that hangs up meanwhile gets nothing done. ``delay_after_routes`` sleeps *after* the route ran
+    and before the answer goes out. Control routes are never delayed.
     """
 
     seed: int = 0
@@ -42,6 +94,8 @@ class Faults:
     drop_rate: float = 0.0
     slow: float = 0.0
     token_limit: int | None = None
+    delay_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
+    delay_after_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         fail = self.fail_validation
@@ -60,6 +114,8 @@ class Faults:
             raise ValueError(f"retry_after={self.retry_after!r} and slow={self.slow!r} must not be negative.")
         if self.token_limit is not None and int(self.token_limit) <= 0:
             raise ValueError(f"token_limit={self.token_limit!r} must be a positive integer or None.")
+        for name in ("delay_routes", "delay_after_routes"):
+            object.__setattr__(self, name, _clean_delays(name, getattr(self, name)))
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, object]) -> Faults:
@@ -80,6 +136,21 @@ class Faults:
         """Whether any per-call HTTP fault is switched on."""
         return bool(self.http_429_rate or self.http_500_rate or self.drop_rate)
 
+    def route_delay(self, method: str, path: str) -> tuple[float, float]:
+        """Return ``(before, after)`` seconds of delay for one API call (the longest matching key wins)."""
+        if not self.delay_routes and not self.delay_after_routes:
+            return 0.0, 0.0
+        target = f"{method.upper()} {path}"
+        return _match(self.delay_routes, target), _match(self.delay_after_routes, target)
+
+
+def _match(delays: Mapping[str, float], target: str) -> float:
+    best = 0.0
+    for key, seconds in delays.items():
+        if route_pattern(key).fullmatch(target):
+            best = max(best, seconds)
+    return best
+
 
 def roll(seed: int, kind: str, key: str) -> float:
     """Return a uniform number in [0, 1) fixed by ``(seed, kind, key)``."""
@@ -87,11 +158,12 @@ def roll(seed: int, kind: str, key: str) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def line_fate(faults: Faults, custom_id: str) -> LineFate:
-    """Decide what happens to one request line; expiry wins over errors."""
-    if faults.expire_rate and roll(faults.seed, "expire", custom_id) < faults.expire_rate:
+def line_fate(faults: Faults, custom_id: str, batch_id: str = "") -> LineFate:
+    """Decide what happens to one request line of batch ``batch_id``; expiry wins over errors."""
+    transient_key = f"{batch_id}/{custom_id}"
+    if faults.expire_rate and roll(faults.seed, "expire", transient_key) < faults.expire_rate:
         return "expired"
-    if faults.line_error_rate and roll(faults.seed, "server_error", custom_id) < faults.line_error_rate:
+    if faults.line_error_rate and roll(faults.seed, "server_error", transient_key) < faults.line_error_rate:
         return "server_error"
     if faults.invalid_line_rate and roll(faults.seed, "invalid", custom_id) < faults.invalid_line_rate:
         return "invalid"

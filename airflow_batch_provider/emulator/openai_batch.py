@@ -113,7 +113,7 @@ def run_line(batch_id: str, endpoint: str, raw: bytes, faults: Faults, created: 
     custom_id = str(obj["custom_id"])
     digest = hashlib.blake2b(f"{batch_id}:{custom_id}".encode(), digest_size=16).hexdigest()
     record: dict[str, Any] = {"id": "batch_req_" + digest, "custom_id": custom_id, "response": None, "error": None}
-    fate = line_fate(faults, custom_id)
+    fate = line_fate(faults, custom_id, batch_id)
     if fate == "expired":
         msg = "This request could not be executed before the completion window expired."
         record["error"] = {"code": "batch_expired", "message": msg}

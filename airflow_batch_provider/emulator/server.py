@@ -3,15 +3,21 @@
 Each request is read completely, checked for auth, rolled for HTTP faults, routed, and answered
 with an exact ``Content-Length``; large bodies go out in 1 MiB pieces. ``/_emulator/*`` control
 routes need no auth and are never faulted.
+
+A route delay (``Faults.delay_routes`` / ``delay_after_routes``) holds the request in its handler
+thread and watches the socket meanwhile: a client that hangs up (a killed process) ends the wait
+at once, and a request delayed *before* its route is then dropped undone.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import select
 import socket
 import sys
 import threading
+import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -127,6 +133,21 @@ class _Handler(BaseHTTPRequestHandler):
                 buf.clear()
             elif not too_big:
                 buf += chunk
+
+    def wait_or_hangup(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; return False as soon as the client closes its connection."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            try:
+                readable, _, _ = select.select([self.connection], [], [], min(left, 0.1))
+                # Readable with nothing to read means the peer closed (or reset) the connection.
+                if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                    return False
+            except (OSError, ValueError):
+                return False
 
     def _drain(self, length: int) -> None:
         while length > 0:
@@ -327,6 +348,9 @@ class BatchEmulator:
         if fault == "500":
             self.store.bump("http", "injected_500")
             return family(500, "api_error", "Internal server error (emulator fault http_500_rate).").response()
+        before, after = self.store.faults.route_delay(req.method, req.path)
+        if before:
+            self._delay(handler, req, before, "before")
         for method, pattern, route in self._routes:
             match = pattern.fullmatch(req.path)
             if match and method == req.method:
@@ -334,12 +358,36 @@ class BatchEmulator:
                 try:
                     response: Response = route(req)
                 except ApiError as exc:
-                    return exc.response()
+                    response = exc.response()
                 except Exception:
                     log.exception("emulator error on %s %s", req.method, req.path)
-                    return family(500, "api_error", "The emulator failed on this request.").response()
-                return response
-        return family(404, "not_found_error", f"Invalid URL ({req.method} {req.path})").response()
+                    response = family(500, "api_error", "The emulator failed on this request.").response()
+                break
+        else:
+            response = family(404, "not_found_error", f"Invalid URL ({req.method} {req.path})").response()
+        if after:
+            self._delay(handler, req, after, "after")
+        return response
+
+    def _delay(self, handler: _Handler, req: Request, seconds: float, phase: str) -> None:
+        """Hold one request ``seconds`` (fault ``delay_routes`` / ``delay_after_routes``).
+
+        Raise ``ConnectionAbortedError`` when the client hangs up meanwhile, so nothing more is
+        done for it: before the route that means the call never happened; after it, the work is
+        done but the answer is lost.
+        """
+        what = f"{req.method} {req.path}"
+        self.store.delay_enter(phase, what)
+        log.info("delaying %s %s the route by %g s (fault)", what, phase, seconds)
+        try:
+            alive = handler.wait_or_hangup(seconds)
+        finally:
+            self.store.delay_exit(phase, what)
+        if not alive:
+            self.store.bump("http", "delayed_abandoned")
+            log.info("client hung up while %s was delayed %s the route; nothing is answered", what, phase)
+            handler.close_connection = True
+            raise ConnectionAbortedError(f"client hung up during a {phase}-route delay")
 
     def _control(self, req: Request) -> Response:
         route = (req.method, req.path.rstrip("/"))

@@ -36,6 +36,7 @@ class Store:
         self.counters: dict[str, Counter[str]] = {name: Counter() for name in _SECTIONS}
         self._ids = itertools.count()
         self._in_flight = 0
+        self._delayed: Counter[tuple[str, str]] = Counter()
         self.wakeup = threading.Event()
 
     # ids and counters -------------------------------------------------------------------------
@@ -63,6 +64,19 @@ class Store:
         """Mark one realtime request as finished."""
         with self.lock:
             self._in_flight -= 1
+
+    def delay_enter(self, phase: str, what: str) -> None:
+        """Count one request as held by a route delay (``phase`` is ``before`` or ``after``)."""
+        with self.lock:
+            self._delayed[(phase, what)] += 1
+            self.counters["http"]["delayed"] += 1
+
+    def delay_exit(self, phase: str, what: str) -> None:
+        """Mark one delayed request as released (answered or abandoned)."""
+        with self.lock:
+            self._delayed[(phase, what)] -= 1
+            if self._delayed[(phase, what)] <= 0:
+                del self._delayed[(phase, what)]
 
     # files ------------------------------------------------------------------------------------
 
@@ -107,6 +121,9 @@ class Store:
             openai_status = Counter(b.status for b in self.openai_batches.values())
             anthropic_status = Counter(b.status for b in self.anthropic_batches.values())
             in_flight = self._in_flight
+            delayed = [
+                {"phase": phase, "request": what, "count": count} for (phase, what), count in self._delayed.items()
+            ]
         defaults = {
             "openai": (
                 "files_uploaded",
@@ -131,7 +148,7 @@ class Store:
                 "requests_expired",
             ),
             "realtime": ("requests", "realtime_max_concurrency"),
-            "http": ("requests", "injected_429", "injected_500", "dropped"),
+            "http": ("requests", "injected_429", "injected_500", "dropped", "delayed", "delayed_abandoned"),
         }
         for section, keys in defaults.items():
             for key in keys:
@@ -139,6 +156,7 @@ class Store:
         result["openai"]["batches_by_status"] = dict(openai_status)
         result["anthropic"]["batches_by_status"] = dict(anthropic_status)
         result["realtime"]["in_flight"] = in_flight
+        result["http"]["delayed_in_flight"] = sorted(delayed, key=lambda d: (d["phase"], d["request"]))
         return result
 
     def batches(self, include_custom_ids: bool = False) -> list[dict[str, Any]]:

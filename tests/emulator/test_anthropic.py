@@ -46,14 +46,19 @@ def test_round_trip_results_via_absolute_results_url(
 
 
 def test_errored_canceled_expired_results(client: anthropic.Anthropic, batch_emulator: BatchEmulator) -> None:
-    requests: list[Any] = [anthropic_request(f"ok-{i}") for i in range(20)]
-    requests.append({"custom_id": "no-model", "params": {"max_tokens": 5, "messages": []}})
-    requests.append({"custom_id": "no-max", "params": {"model": "claude-haiku-4-5", "messages": []}})
+    invalid: list[Any] = [
+        {"custom_id": "no-model", "params": {"max_tokens": 5, "messages": []}},
+        {"custom_id": "no-max", "params": {"model": "claude-haiku-4-5", "messages": []}},
+    ]
+    bad = wait_anthropic(client, client.messages.batches.create(requests=invalid).id)
+    by_id = {r.custom_id: r.result for r in client.messages.batches.results(bad.id)}
+    assert by_id["no-model"].type == "errored" and by_id["no-max"].type == "errored"
+    assert by_id["no-model"].error.error.type == "invalid_request_error"
+
+    requests: list[Any] = [anthropic_request(f"ok-{i}") for i in range(40)]
     batch_emulator.set_faults(expire_rate=0.2, line_error_rate=0.2)
     batch = wait_anthropic(client, client.messages.batches.create(requests=requests).id)
     by_id = {r.custom_id: r.result for r in client.messages.batches.results(batch.id)}
-    assert by_id["no-model"].type == "errored" and by_id["no-max"].type == "errored"
-    assert by_id["no-model"].error.error.type == "invalid_request_error"
     kinds = [r.type for r in by_id.values()]
     assert {"succeeded", "errored", "expired"} <= set(kinds)
     assert any(r.type == "errored" and r.error.error.type == "api_error" for r in by_id.values())

@@ -205,7 +205,11 @@ def test_line_faults_go_to_the_error_file(
         assert row["response"]["body"]["error"]["type"] == error_type
         assert row["error"] is None
     again = wait_openai(client, submit(client, [chat_line(f"r{i}") for i in range(60)]).id)
-    assert {r["custom_id"] for r in read_jsonl(client, again.error_file_id)} == {r["custom_id"] for r in errors}
+    failed_again = {r["custom_id"] for r in read_jsonl(client, again.error_file_id)}
+    if fault == "invalid_line_rate":  # a bad request stays bad
+        assert failed_again == {r["custom_id"] for r in errors}
+    else:  # a server error is transient: resent in another batch, the line rolls again
+        assert failed_again != {r["custom_id"] for r in errors}
 
 
 def test_expired_lines_and_expired_batch(client: openai.OpenAI, batch_emulator: BatchEmulator) -> None:

@@ -144,3 +144,18 @@ def test_multipart_rejects_truncated_bodies() -> None:
     body = _multipart(b"bb", b"PAYLOAD")
     with pytest.raises(ValueError, match="closing boundary"):
         parse_multipart(body[: body.index(b"PAYLOAD") + 7], b"bb")
+
+
+def test_transient_line_faults_reroll_per_batch_but_permanent_ones_do_not() -> None:
+    """A resent line can recover from a server error or expiry, never from a 400-class fault."""
+    ids = [f"id-{i}" for i in range(2000)]
+    transient = Faults(line_error_rate=0.3, expire_rate=0.1, seed=4)
+    first = [line_fate(transient, cid, "batch_a") for cid in ids]
+    assert first == [line_fate(transient, cid, "batch_a") for cid in ids]  # deterministic per batch
+    second = [line_fate(transient, cid, "batch_b") for cid in ids]
+    failed_then = {cid for cid, fate in zip(ids, first) if fate != "ok"}
+    assert any(fate == "ok" for cid, fate in zip(ids, second) if cid in failed_then)
+    permanent = Faults(invalid_line_rate=0.3, seed=4)
+    assert [line_fate(permanent, cid, "batch_a") for cid in ids] == [
+        line_fate(permanent, cid, "batch_b") for cid in ids
+    ]
