@@ -5,8 +5,9 @@ PY := $(VENV)/bin/python
 ROWS ?= 50000
 BACKEND ?= openai
 EMULATOR_ARGS ?=
+MAX_COST_USD ?=
 
-.PHONY: venv demo test lint typecheck pytest clean
+.PHONY: venv demo test lint typecheck pytest clean bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 demo: venv
-	$(PY) scripts/demo.py --rows $(ROWS) --backend $(BACKEND) --emulator-args "$(EMULATOR_ARGS)"
+	$(PY) scripts/demo.py --rows $(ROWS) --backend $(BACKEND) --emulator-args "$(EMULATOR_ARGS)" \
+		$(if $(MAX_COST_USD),--max-cost-usd $(MAX_COST_USD))
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -30,6 +32,12 @@ pytest: venv
 	$(VENV)/bin/pytest
 
 test: lint typecheck pytest
+
+# Chunk and merge paths vs plain reference loops at 1M and 5M rows, plus Airflow overhead per chunk in
+# `airflow dags test` at 500K rows (docs/performance.md). Quick run: make bench BENCH_ROWS=100000 BENCH_DAG_ROWS=0
+# (BENCH_REPEAT=2 keeps the best of two runs per path).
+bench: venv
+	$(PY) -m benchmarks.run
 
 clean:
 	rm -rf .airflow .demo .mypy_cache .ruff_cache .pytest_cache

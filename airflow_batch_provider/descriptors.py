@@ -44,7 +44,8 @@ class SubmittedBatch(ChunkDescriptor):
 class CompletedBatch(SubmittedBatch):
     """A submitted chunk whose batch reached a terminal status (BatchCompleteSensor's output)."""
 
-    state: dict[str, Any]  # BatchState.to_dict()
+    state: dict[str, Any] | None  # the first attempt's BatchState.to_dict(); None for an empty chunk
+    attempts: NotRequired[list[dict[str, Any]]]  # every attempt's state (line retries), oldest first
 
 
 class ResultRecord(TypedDict):

@@ -8,7 +8,9 @@ Re-running rewrites the same part files, so the dataset never holds a row twice.
 A chunk may have been sent more than once (line retries, see
 :mod:`airflow_batch_provider.line_retry`): every attempt's results are read in order and, per
 custom_id, the last attempt's result wins. The ``attempts`` column says how many batches
-carried the row (1 = first try only); ``batch_id`` names the batch whose result was kept.
+carried the row (1 = first try only; 0 = not sent this run: an unchanged row whose stored
+result was carried over by ``skip_unchanged``, see :mod:`airflow_batch_provider.incremental`);
+``batch_id`` names the batch whose result was kept.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from airflow_batch_provider.cost import cost_rows
 from airflow_batch_provider.descriptors import CompletedBatch, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.incremental import read_carried
 from airflow_batch_provider.line_retry import describe_failure, read_custom_ids, retry_path
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.storage import atomic_write, join, to_path
@@ -64,6 +68,9 @@ class MergeStats:
     unmatched_results: int = 0
     requests_sent: int = 0
     errors: Counter[str] = field(default_factory=Counter)  # "status/code: message" of every failed row
+    carried_rows: int = 0  # unchanged rows whose stored result was kept (skip_unchanged)
+    new_input_tokens: int = 0  # tokens of rows sent in this run (what this run pays for)
+    new_output_tokens: int = 0
     retried_rows: int = 0  # rows sent in more than one batch
     recovered_rows: int = 0  # ... that succeeded in the end
 
@@ -79,9 +86,12 @@ class MergeStats:
         self.statuses.update(other.statuses)
         self.errors.update(other.errors)
         self.retried_rows += other.retried_rows
+        self.carried_rows += other.carried_rows
         self.recovered_rows += other.recovered_rows
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
+        self.new_input_tokens += other.new_input_tokens
+        self.new_output_tokens += other.new_output_tokens
         self.unmatched_results += other.unmatched_results
         self.requests_sent += other.requests_sent
 
@@ -93,6 +103,7 @@ class MergeStats:
             "statuses": dict(sorted(self.statuses.items())),
             "succeeded": self.statuses.get("succeeded", 0),
             "failed": self.failed,
+            "carried_rows": self.carried_rows,
             "retried_rows": self.retried_rows,
             "recovered_rows": self.recovered_rows,
             "top_errors": [[what, count] for what, count in self.errors.most_common(TOP_ERRORS)],
@@ -173,6 +184,9 @@ def join_results(
         columns["attempts"].append(tries)
         stats.input_tokens += rec["input_tokens"] or 0
         stats.output_tokens += rec["output_tokens"] or 0
+        if tries > 0:  # sent in this run (0: a carried, unchanged row)
+            stats.new_input_tokens += rec["input_tokens"] or 0
+            stats.new_output_tokens += rec["output_tokens"] or 0
         if status != "succeeded":
             stats.errors[describe_failure(rec)] += 1
         if tries > 1:
@@ -207,7 +221,8 @@ def join_results(
 
 def chunk_attempts(batch: Mapping[str, Any]) -> list[BatchState]:
     """Return the states of every attempt of a chunk, first to last (just ``state`` for older records)."""
-    return [BatchState.from_dict(s) for s in (batch.get("attempts") or [batch["state"]])]
+    states = batch.get("attempts") or ([batch["state"]] if batch.get("state") else [])
+    return [BatchState.from_dict(s) for s in states]
 
 
 def collect_attempts(
@@ -221,6 +236,11 @@ def collect_attempts(
     results: dict[str, ResultRecord] = {}
     batch_of: dict[str, str] = {}
     tries: dict[str, int] = {}
+    if batch.get("carry_path"):  # unchanged rows (skip_unchanged): stored results, not sent this run
+        for custom_id, (record, stored_batch) in read_carried(batch["carry_path"]).items():
+            results[custom_id] = record
+            batch_of[custom_id] = stored_batch
+            tries[custom_id] = 0
     for number, state in enumerate(chunk_attempts(batch), 1):
         try:
             found = collect_results(hook.iter_results(state))
@@ -246,7 +266,8 @@ def collect_attempts(
 
 def merge_chunk(hook: BatchHook, batch: CompletedBatch | Mapping[str, Any], output_dir: str) -> MergeStats:
     """Merge one chunk: stream every attempt's results, join onto its rows file, write its part file."""
-    first = BatchState.from_dict(batch["state"])
+    state = batch.get("state")
+    first_batch_id = str(state["batch_id"]) if state else ""
     results, batch_of, tries = collect_attempts(hook, batch)
     with to_path(batch["rows_path"]).open("rb") as handle:
         rows = pq.read_table(handle)
@@ -254,9 +275,10 @@ def merge_chunk(hook: BatchHook, batch: CompletedBatch | Mapping[str, Any], outp
     if batch.get("schema_path"):
         validator = OutputValidator.from_file(batch["schema_path"], set(rows.column_names) | set(RESULT_COLUMNS))
     table, stats = join_results(
-        rows, results, first.batch_id, batch["endpoint"], validator, batch_ids=batch_of, attempts=tries
+        rows, results, first_batch_id, batch["endpoint"], validator, batch_ids=batch_of, attempts=tries
     )
     stats.requests_sent = batch["num_requests"]
+    stats.carried_rows = int(batch.get("num_carried", 0))
     if stats.unmatched_results:
         log.warning(
             "%s: %d result line(s) in batch(es) %s match no row of this chunk; they were ignored",
@@ -289,6 +311,8 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("chunks", f"{summary['chunks']:,}"),
         ("requests sent", f"{summary['requests_sent']:,}"),
     ]
+    if summary.get("carried_rows"):
+        rows.append(("unchanged (kept)", f"{summary['carried_rows']:,}"))
     rows += [(f"status {name}", f"{count:,}") for name, count in summary["statuses"].items()]
     if summary.get("retried_rows"):
         rows.append(("rows retried", f"{summary['retried_rows']:,} ({summary.get('recovered_rows', 0):,} recovered)"))
@@ -297,6 +321,7 @@ def format_summary_table(summary: dict[str, Any]) -> str:
         ("input tokens", f"{summary['input_tokens']:,}"),
         ("output tokens", f"{summary['output_tokens']:,}"),
     ]
+    rows += cost_rows(summary)
     if summary.get("output"):
         rows.append(("output", str(summary["output"])))
     width = max(len(k) for k, _ in rows)

@@ -30,6 +30,8 @@ from airflow_batch_provider.sensors.batch import BatchCompleteSensor
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
 DATA_DIR = os.environ.get("BATCH_DEMO_DATA_DIR", "/tmp/airflow-batch-demo")
 
+OUTPUT_DIR = "{{ params.output_dir or (params.data_dir ~ '/output/' ~ dag.dag_id) }}"
+
 # Downstream DAGs can be scheduled on this: schedule=[CLASSIFIED_PRODUCTS].
 CLASSIFIED_PRODUCTS = Asset(name="classified_products", uri="file:///llm-batch/classified_products")
 
@@ -116,6 +118,9 @@ with DAG(
         request_params={"max_tokens": 64, "temperature": 0},
         response_schema=CLASSIFICATION,
         max_cost_usd="{{ params.max_cost_usd or '' }}",
+        # Nightly reruns pay only for new or changed rows; the rest keep last night's result.
+        skip_unchanged=True,
+        previous_output=OUTPUT_DIR,
         chunk_size=10_000,
     )
 
@@ -133,6 +138,6 @@ with DAG(
         task_id="merge",
         batches=completed.output,
         conn_id="{{ params.conn_id }}",
-        output_dir="{{ params.output_dir or (params.data_dir ~ '/output/' ~ dag.dag_id) }}",
+        output_dir=OUTPUT_DIR,
         outlets=[CLASSIFIED_PRODUCTS],
     )

@@ -65,6 +65,26 @@ def _start_emulator(env: dict[str, str], extra_args: str, run_dir: Path) -> tupl
     raise SystemExit("the emulator did not start within 30 s")
 
 
+def _usd(value: object) -> str:
+    return "unknown (model not in the pricing table)" if value is None else f"${float(value):,.4f}"  # type: ignore[arg-type]
+
+
+def _run_streaming(cmd: list[str], env: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """Run ``cmd``, echo its output as it comes, and pick out the lines a summary should repeat."""
+    notable: dict[str, str] = {}
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            if "Cost estimate:" in line and "estimate" not in notable:
+                notable["estimate"] = line.split("Cost estimate:", 1)[1].strip()
+            if "CostLimitExceededError" in line or "exceeds max_cost_usd" in line:
+                text = line.split("Error:", 1)[-1].strip()
+                if "exceeds max_cost_usd" in text:
+                    notable["error"] = text
+        return proc.wait(), notable
+
+
 def _stats(port: int) -> dict[str, object]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/_emulator/stats", timeout=10) as resp:
         return json.loads(resp.read())
@@ -75,6 +95,7 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--backend", default="openai", choices=sorted(DAG_IDS))
     parser.add_argument("--emulator-args", default="")
+    parser.add_argument("--max-cost-usd", type=float, default=None, help="fail before upload above this estimate")
     args = parser.parse_args()
 
     home = REPO / ".airflow" / "demo"
@@ -99,7 +120,14 @@ def main() -> int:
             {"conn_type": "anthropic_batch", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
         )
         before = _stats(port)
-        conf = {"rows": args.rows, "output_dir": str(output_dir), "poll_interval": 1, "provider": args.backend}
+        conf: dict[str, object] = {
+            "rows": args.rows,
+            "output_dir": str(output_dir),
+            "poll_interval": 1,
+            "provider": args.backend,
+        }
+        if args.max_cost_usd is not None:
+            conf["max_cost_usd"] = args.max_cost_usd
         if args.backend == "server":
             env["AIRFLOW_CONN_OPENAI_COMPATIBLE_DEFAULT"] = json.dumps(
                 {"conn_type": "openai_compatible", "host": f"http://127.0.0.1:{port}/v1", "password": "emulator-key"}
@@ -107,7 +135,9 @@ def main() -> int:
             conf = {"rows": args.rows, "output_dir": str(output_dir), "mode": "server"}
         print(f"==> airflow dags test {DAG_IDS[args.backend]} with {json.dumps(conf)}", flush=True)
         started = time.time()
-        result = subprocess.run([airflow, "dags", "test", DAG_IDS[args.backend], "-c", json.dumps(conf)], env=env)
+        returncode, notable = _run_streaming(
+            [airflow, "dags", "test", DAG_IDS[args.backend], "-c", json.dumps(conf)], env
+        )
         elapsed = time.time() - started
         after = _stats(port)
     finally:
@@ -115,8 +145,18 @@ def main() -> int:
         emulator.wait(timeout=15)
 
     summary_file = output_dir / "_SUMMARY.json"
-    if result.returncode != 0 or not summary_file.exists() or summary_file.stat().st_mtime < started:
-        print(f"demo FAILED (airflow dags test exit code {result.returncode}); see the task logs above", flush=True)
+    failed = returncode != 0 or not summary_file.exists() or summary_file.stat().st_mtime < started
+    if failed or notable.get("error"):
+        print(f"\ndemo FAILED (airflow dags test exit code {returncode}); see the task logs above", flush=True)
+        if notable.get("error"):
+            print(f"  reason           {notable['error']}")
+        uploaded = int(after["openai"]["files_uploaded"]) - int(before["openai"]["files_uploaded"])  # type: ignore[index]
+        created = sum(
+            int(after[p]["batches_created"]) - int(before[p]["batches_created"])  # type: ignore[index]
+            for p in ("openai", "anthropic")
+        )
+        print(f"  files uploaded   {uploaded:,}")
+        print(f"  batches created  {created:,}")
         return 1
     summary = json.loads(summary_file.read_text())
     if args.backend == "server":  # requests that reached the realtime handlers (injected faults not counted)
@@ -136,6 +176,12 @@ def main() -> int:
         print(f"  {status:<16} {count:,}")
     print(f"  input tokens     {summary['input_tokens']:,}")
     print(f"  output tokens    {summary['output_tokens']:,}")
+    if summary.get("carried_rows"):
+        print(f"  unchanged rows   {summary['carried_rows']:,} (stored results kept, not sent again)")
+    if "estimated_cost_usd" in summary:
+        print(f"  estimated cost   {_usd(summary['estimated_cost_usd'])} (before submission)")
+        print(f"  actual cost      {_usd(summary['actual_cost_usd'])} (from the usage the provider reported)")
+        print(f"  {summary.get('cost_comparison', '')}")
     print(f"  wall time        {elapsed:.1f} s")
     print(f"output: {output_dir}")
     return 0

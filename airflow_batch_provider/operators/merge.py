@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Asset, BaseOperator, Context
 
+from airflow_batch_provider.cost import UsageTally, cost_summary
 from airflow_batch_provider.descriptors import CompletedBatch
 from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
@@ -19,6 +21,7 @@ from airflow_batch_provider.merge import (
     part_name,
     remove_stale_parts,
 )
+from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.storage import atomic_write, join, makedirs
 
 
@@ -40,6 +43,12 @@ class MergeResultsOperator(BaseOperator):
         Every part file and ``_SUMMARY.json`` are written first (what succeeded is kept); then
         TooManyFailuresError names each chunk over the ratio, how many rows failed and the most
         common errors. None disables the check.
+    :param pricing: price overrides for the actual-cost line (a dict or a file path).
+
+    The summary (logged as a table, written to ``_SUMMARY.json`` and returned to XCom) holds rows,
+    statuses, tokens, the actual cost of this run's batches next to the estimate and the cost the
+    same work would have had in real time. Outlet Assets get ``{output, rows, succeeded, failed}``
+    as their event's extra, so downstream DAGs scheduled on them know where the data is.
     """
 
     template_fields: Sequence[str] = ("batches", "output_dir", "conn_id")
@@ -53,6 +62,7 @@ class MergeResultsOperator(BaseOperator):
         conn_id: str | None = None,
         provider: str | None = None,
         max_failure_ratio: float | None = 0.05,
+        pricing: Mapping[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -63,6 +73,7 @@ class MergeResultsOperator(BaseOperator):
         self.conn_id = conn_id
         self.provider = provider
         self.max_failure_ratio = max_failure_ratio
+        self.pricing = pricing
 
     def _hook(self, provider: str) -> BatchHook:
         return get_batch_hook(self.provider or provider, self.conn_id)
@@ -75,16 +86,22 @@ class MergeResultsOperator(BaseOperator):
         makedirs(self.output_dir)
         hooks: dict[str, BatchHook] = {}
         total = MergeStats()
+        usage = UsageTally()
+        metrics = BatchMetrics.from_context(context, provider=batches[0]["provider"], model=batches[0]["model"])
         over: list[dict[str, Any]] = []
         for batch in batches:
             provider = batch["provider"]
             hook = hooks.get(provider) or hooks.setdefault(provider, self._hook(provider))
             stats = merge_chunk(hook, batch, self.output_dir)
+            # Carried rows were paid for in an earlier run: price only what this run's batches used.
+            usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
+            for attempt in batch.get("attempts") or []:
+                metrics.batch_ended(attempt["status"])
             self.log.info(
                 "%s: merged %d rows from %d attempt(s) (%s)",
                 batch["label"],
                 stats.rows,
-                len(batch.get("attempts") or [batch["state"]]),
+                len(batch.get("attempts") or ([batch["state"]] if batch.get("state") else [])),
                 dict(stats.statuses),
             )
             total.add(stats)
@@ -103,18 +120,48 @@ class MergeResultsOperator(BaseOperator):
         removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
         if removed:
             self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
-        summary = {**total.to_dict(), "output": str(self.output_dir), "batch_ids": [b["batch_id"] for b in batches]}
+        estimates = [b.get("estimated_cost_usd") for b in batches]
+        estimated = None if any(v is None for v in estimates) else float(sum(estimates))  # type: ignore[arg-type]
+        summary = {
+            **total.to_dict(),
+            **cost_summary(usage.cost(self.pricing), estimated),
+            "output": str(self.output_dir),
+            "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
+        }
+        self._emit(context, metrics, total, summary)
         if self.max_failure_ratio is not None:
             summary["max_failure_ratio"] = self.max_failure_ratio
             summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
         with atomic_write(join(self.output_dir, SUMMARY_FILE)) as out:
             out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.log.info("Batch job summary\n%s", format_summary_table(summary))
+        if summary.get("cost_comparison"):
+            self.log.info("%s", summary["cost_comparison"])
         if over:
             raise TooManyFailuresError(
                 _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
             )
         return summary
+
+    def _emit(self, context: Context, metrics: BatchMetrics, total: MergeStats, summary: dict[str, Any]) -> None:
+        """Emit the run's metrics and attach the summary to every outlet Asset's event."""
+        metrics.result_statuses(total.statuses)
+        metrics.tokens(total.new_input_tokens, total.new_output_tokens)
+        if summary.get("actual_cost_usd") is not None:
+            metrics.cost(summary["actual_cost_usd"])
+        if summary.get("realtime_cost_usd") is not None:
+            metrics.cost(summary["realtime_cost_usd"], kind="realtime_equivalent")
+        metrics.chunks_waiting(0)
+        start = getattr(context.get("dag_run"), "start_date", None)
+        if start is not None:
+            elapsed = (datetime.now(UTC) - start).total_seconds()
+            metrics.tokens_per_second(total.new_input_tokens + total.new_output_tokens, elapsed)
+        events = context.get("outlet_events")
+        for outlet in self.outlets or []:
+            if events is not None and isinstance(outlet, Asset):
+                events[outlet].extra = {
+                    key: summary[key] for key in ("output", "rows", "succeeded", "failed") if key in summary
+                }
 
 
 def _too_many_failures_message(over: list[dict[str, Any]], limit: float | None, num_chunks: int) -> str:

@@ -24,6 +24,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow_batch_provider.checkpoint import Checkpoint
 from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
 from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
+from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
 from airflow_batch_provider.status import BatchStatus
 from airflow_batch_provider.token_budget import (
     BudgetCheck,
@@ -205,6 +206,7 @@ class SubmitBatchOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("chunk", "conn_id", "metadata")
     ui_color = "#e8f1ff"
+    operator_extra_links = (BatchConsoleLink(),)
 
     def __init__(
         self,
@@ -216,10 +218,11 @@ class SubmitBatchOperator(BaseOperator):
         token_budget: int | Mapping[str, int] | None = None,
         token_budget_poll_interval: float = 60.0,
         token_budget_max_wait: float = 6 * 3600.0,
+        map_index_template: str | None = "{{ task.chunk['label'] }}",
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("map_index_template", "{{ task.chunk['label'] }}")
-        super().__init__(**kwargs)
+        # A signature default (not kwargs.setdefault) so that .partial() picks it up for mapped tasks.
+        super().__init__(map_index_template=map_index_template, **kwargs)
         self.chunk = chunk
         self.conn_id = conn_id
         self.provider = provider
@@ -235,6 +238,9 @@ class SubmitBatchOperator(BaseOperator):
     def execute(self, context: Context) -> SubmittedBatch:
         """Submit the chunk once, or reattach to the batch an earlier attempt created."""
         chunk: ChunkDescriptor = self.chunk  # type: ignore[assignment]
+        if chunk["num_requests"] == 0:  # every row unchanged (skip_unchanged): nothing to send, nothing to pay
+            self.log.info("%s: no requests to send; the merge uses the stored results", chunk["label"])
+            return {**chunk, "batch_id": ""}
         hook = self._hook()
         dag_id, run_id, map_index = task_ids(context, str(self.dag_id))
         key = idempotency_key(dag_id, run_id, self.task_id, map_index, chunk["fingerprint"])
@@ -249,6 +255,7 @@ class SubmitBatchOperator(BaseOperator):
             prepare=lambda: self._prepare(hook, chunk),
         )
         self.log.info("%s: %d requests in batch %s", chunk["label"], chunk["num_requests"], submitted["batch_id"])
+        remember_batch_url(self, hook.batch_url(submitted["batch_id"]))
         return submitted
 
     def resume_after_budget_wait(

@@ -57,6 +57,7 @@ from airflow_batch_provider.line_retry import (
     nothing_to_retry,
     plan_followup,
 )
+from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
 from airflow_batch_provider.operators.submit import submit_tagged
 from airflow_batch_provider.status import BatchState, BatchStatus
 from airflow_batch_provider.token_budget import is_token_limit_refusal, refusal_step
@@ -154,6 +155,7 @@ class BatchCompleteSensor(BaseSensorOperator):
 
     template_fields: Sequence[str] = ("batch", "conn_id", "poll_interval")
     ui_color = "#fff4d6"
+    operator_extra_links = (BatchConsoleLink(),)
 
     def __init__(
         self,
@@ -168,13 +170,14 @@ class BatchCompleteSensor(BaseSensorOperator):
         max_line_retries: int = DEFAULT_MAX_LINE_RETRIES,
         token_limit_retry_interval: float = 300.0,
         token_limit_max_wait: float = 6 * 3600.0,
+        map_index_template: str | None = "{{ task.batch['label'] }}",
         **kwargs: Any,
     ) -> None:
-        kwargs.setdefault("map_index_template", "{{ task.batch['label'] }}")
         kwargs.setdefault("timeout", DEFAULT_TIMEOUT)
         if isinstance(poll_interval, int | float):
             kwargs.setdefault("poke_interval", poll_interval)
-        super().__init__(**kwargs)
+        # A signature default (not kwargs.setdefault) so that .partial() picks it up for mapped tasks.
+        super().__init__(map_index_template=map_index_template, **kwargs)
         if isinstance(max_line_retries, bool) or not isinstance(max_line_retries, int) or max_line_retries < 0:
             raise ValueError(f"max_line_retries must be an integer >= 0, got {max_line_retries!r}")
         self.batch = batch
@@ -228,11 +231,15 @@ class BatchCompleteSensor(BaseSensorOperator):
     # -- entry points ---------------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         """Follow the current attempt: return at once if all is done, else defer (or poke)."""
+        if not self.batch["batch_id"]:  # an empty chunk (skip_unchanged): no batch was created
+            return cast(CompletedBatch, {**self.batch, "state": None, "attempts": []})
+        remember_batch_url(self, self._hook().batch_url(self.batch["batch_id"]))
         self._load(context)
         return self._drive(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Act on the trigger's event: finish, send a follow-up and defer again, or raise a typed error."""
+        remember_batch_url(self, self._hook().batch_url(self.batch["batch_id"]))
         self._load(context, event.get("carry"))
         status = event.get("status")
         if status == "success":
