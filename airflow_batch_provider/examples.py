@@ -29,13 +29,33 @@ _ITEMS = [
 _COLOURS = ["black", "white", "red", "blue", "green", "grey", "navy", "sand"]
 
 
+_BLOCK = 65_536
+
+
+def _draws(rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Random columns drawn block by block, so a longer table starts with the shorter one."""
+    parts: list[tuple[np.ndarray, ...]] = []
+    for block in range(-(-rows // _BLOCK)):
+        rng = np.random.default_rng([seed, block])
+        parts.append(
+            (
+                rng.integers(0, len(_ADJECTIVES), _BLOCK),
+                rng.integers(0, len(_ITEMS), _BLOCK),
+                rng.integers(0, len(_COLOURS), _BLOCK),
+                np.round(rng.uniform(3, 400, _BLOCK), 2),
+            )
+        )
+    adj, item, colour, price = (np.concatenate([p[k] for p in parts])[:rows] for k in range(4))
+    return adj, item, colour, price
+
+
 def synthetic_products(rows: int, seed: int = 7) -> pa.Table:
-    """Return ``rows`` synthetic products: product_id, title, description, price."""
-    rng = np.random.default_rng(seed)
-    adj = rng.integers(0, len(_ADJECTIVES), rows)
-    item = rng.integers(0, len(_ITEMS), rows)
-    colour = rng.integers(0, len(_COLOURS), rows)
-    price = np.round(rng.uniform(3, 400, rows), 2)
+    """Return ``rows`` synthetic products: product_id, title, description, price.
+
+    Prefix-stable: the first N rows are the same whatever the total, so "add 1,000 rows" is
+    a bigger table whose first rows did not change.
+    """
+    adj, item, colour, price = _draws(rows, seed)
     titles = [f"{_ADJECTIVES[a].title()} {_COLOURS[c]} {_ITEMS[i][0]}" for a, i, c in zip(adj, item, colour)]
     descriptions = [f"{_ITEMS[i][1]}; colour {_COLOURS[c]}." for i, c in zip(item, colour)]
     ids = [f"p-{n:08d}" for n in range(rows)]

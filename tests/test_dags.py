@@ -101,3 +101,42 @@ def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp
     assert run.state == "failed"
     stats = openai_conn.stats()["openai"]
     assert stats["files_uploaded"] == 0 and stats["batches_created"] == 0
+
+
+@pytest.mark.scenario
+def test_reprocessing_sends_only_what_changed(airflow_db, openai_conn, tmp_path, monkeypatch):
+    """Same run twice → nothing sent; 1,000 more rows → only those; a new prompt version → every row."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["reprocess_after_prompt_change"]
+    out = tmp_path / "out"
+
+    def run(rows: int, version: int) -> tuple[int, list[dict]]:
+        before = openai_conn.stats()["openai"]["requests_processed"]
+        conf = {
+            "rows": rows,
+            "prompt_version": version,
+            "data_dir": str(tmp_path / "data"),
+            "output_dir": str(out),
+            "poll_interval": 0.2,
+        }
+        assert dag.test(run_conf=conf).state == "success"
+        merged = pq.read_table(out).to_pylist()
+        assert len(merged) == rows and len({m["custom_id"] for m in merged}) == rows
+        assert all(m["status"] == "succeeded" and m["response"] for m in merged)
+        return openai_conn.stats()["openai"]["requests_processed"] - before, merged
+
+    sent, first = run(2000, 1)
+    assert sent == 2000 and {m["attempts"] for m in first} == {1}
+    sent, again = run(2000, 1)
+    assert sent == 0
+    assert [(m["custom_id"], m["response"], m["batch_id"]) for m in again] == [
+        (m["custom_id"], m["response"], m["batch_id"]) for m in first
+    ]  # stored results kept, from the batch that produced them
+    assert {m["attempts"] for m in again} == {0}
+    sent, grown = run(3000, 1)
+    assert sent == 1000
+    assert {m["custom_id"] for m in grown if m["attempts"] == 1} == {m["custom_id"] for m in grown[2000:]}
+    sent, _ = run(3000, 2)
+    assert sent == 3000

@@ -1,0 +1,74 @@
+"""skip_unchanged: unchanged rows are carried with their stored result, the rest are sent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from airflow_batch_provider.incremental import apply_skip_unchanged, load_previous, read_carried
+from airflow_batch_provider.merge import collect_attempts
+from tests.support import write_chunk
+
+
+def _previous(folder, rows):
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), folder / "part-00000.parquet")
+
+
+def _row(cid, fp, status="succeeded", response="old answer"):
+    return {
+        "custom_id": cid, "request_fingerprint": fp, "status": status, "response": response,
+        "finish_reason": "stop", "error": None, "input_tokens": 5, "output_tokens": 2, "batch_id": "batch_old",
+    }  # fmt: skip
+
+
+def _chunk_with_fingerprints(tmp_path, fps):
+    rows = [{"custom_id": cid, "text": "t", "request_fingerprint": fp} for cid, fp in fps.items()]
+    return write_chunk(tmp_path / "job", rows)
+
+
+def test_load_previous_keeps_only_succeeded_rows(tmp_path):
+    _previous(tmp_path / "out", [_row("a", "f1"), _row("b", "f2", status="errored", response=None)])
+    previous = load_previous(str(tmp_path / "out"))
+    assert previous.column("custom_id").to_pylist() == ["a"]
+    assert load_previous(str(tmp_path / "missing")) is None
+
+
+def test_unchanged_rows_are_carried_and_dropped_from_the_chunk(tmp_path):
+    _previous(tmp_path / "out", [_row("a", "f1"), _row("b", "OLD"), _row("c", "f3", status="errored", response=None)])
+    chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1", "b": "f2", "c": "f3", "d": "f4"})
+    (new,), stats = apply_skip_unchanged([chunk], load_previous(str(tmp_path / "out")))
+    assert (stats.rows, stats.carried, stats.sent) == (4, 1, 3)
+    sent = [orjson.loads(line)["custom_id"] for line in Path(new["requests_path"]).read_bytes().splitlines()]
+    assert sent == ["b", "c", "d"]  # b changed, c failed before, d is new
+    assert new["num_requests"] == 3 and new["num_carried"] == 1 and new["fingerprint"] != chunk["fingerprint"]
+    assert "1 unchanged" in new["label"]
+    carried = read_carried(new["carry_path"])
+    assert list(carried) == ["a"] and carried["a"][0]["response"] == "old answer" and carried["a"][1] == "batch_old"
+
+
+def test_nothing_to_compare_leaves_chunks_alone(tmp_path):
+    chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1"})
+    out, stats = apply_skip_unchanged([chunk], None)
+    assert out == [chunk] and stats.carried == 0
+
+
+def test_merge_puts_carried_rows_back_with_attempts_zero(tmp_path):
+    _previous(tmp_path / "out", [_row("a", "f1"), _row("b", "f2")])
+    chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1", "b": "f2"})
+    (new,), _ = apply_skip_unchanged([chunk], load_previous(str(tmp_path / "out")))
+    assert new["num_requests"] == 0
+    results, batch_of, tries = collect_attempts(None, {**new, "batch_id": "", "state": None})  # no batch: no hook call
+    assert set(results) == {"a", "b"} and batch_of == {"a": "batch_old", "b": "batch_old"} and tries == {"a": 0, "b": 0}
+
+
+def test_chunk_operator_needs_previous_output(tmp_path):
+    from airflow_batch_provider.exceptions import InvalidInputError
+    from airflow_batch_provider.operators.chunk import ChunkOperator
+
+    with pytest.raises(InvalidInputError, match="previous_output"):
+        ChunkOperator(task_id="c", source="x.parquet", prompt_template="{a}", model="m", skip_unchanged=True)
