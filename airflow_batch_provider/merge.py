@@ -19,7 +19,7 @@ import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -49,6 +49,14 @@ RESULT_COLUMNS = (
 SUMMARY_FILE = "_SUMMARY.json"
 TOP_ERRORS = 5
 _PREFERENCE = {"succeeded": 0, "invalid_output": 1, "errored": 2, "expired": 3, "canceled": 4, "missing": 5}
+
+
+class PartSink(Protocol):
+    """Somewhere else each merged part goes (idempotently: upsert on custom_id)."""
+
+    def write_part(self, table: pa.Table, chunk_index: int) -> int:
+        """Write one merged part; return the rows written."""
+        ...
 
 
 def part_name(chunk_index: int) -> str:
@@ -264,8 +272,14 @@ def collect_attempts(
     return results, batch_of, tries
 
 
-def merge_chunk(hook: BatchHook, batch: CompletedBatch | Mapping[str, Any], output_dir: str) -> MergeStats:
-    """Merge one chunk: stream every attempt's results, join onto its rows file, write its part file."""
+def merge_chunk(
+    hook: BatchHook, batch: CompletedBatch | Mapping[str, Any], output_dir: str, sink: PartSink | None = None
+) -> MergeStats:
+    """Merge one chunk: stream every attempt's results, join onto its rows file, write its part file.
+
+    With a ``sink`` (e.g. :class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink`) the same part is
+    also upserted there, in one transaction, after the parquet part is in place.
+    """
     state = batch.get("state")
     first_batch_id = str(state["batch_id"]) if state else ""
     results, batch_of, tries = collect_attempts(hook, batch)
@@ -288,6 +302,8 @@ def merge_chunk(hook: BatchHook, batch: CompletedBatch | Mapping[str, Any], outp
         )
     with atomic_write(join(output_dir, part_name(batch["chunk_index"]))) as out:
         pq.write_table(table, out, compression="zstd")
+    if sink is not None:
+        sink.write_part(table, batch["chunk_index"])
     return stats
 
 

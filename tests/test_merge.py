@@ -127,3 +127,23 @@ def test_too_many_failures_raise_after_every_part_is_written(openai_conn, openai
 def test_max_failure_ratio_is_checked():
     with pytest.raises(ValueError, match="max_failure_ratio"):
         MergeResultsOperator(task_id="merge", batches=[], output_dir="x", max_failure_ratio=1.5)
+
+
+def test_merge_upserts_each_part_into_sql_once(openai_hook, tmp_path, monkeypatch):
+    """MergeResultsOperator(sink=SqlUpsertSink(...)): rerunning the merge leaves one row per custom_id."""
+    import sqlite3
+
+    from airflow_batch_provider.sinks.sql import SqlUpsertSink
+
+    db = tmp_path / "results.db"
+    monkeypatch.setenv("AIRFLOW_CONN_RESULTS_DB", f'{{"conn_type": "sqlite", "host": "{db}"}}')
+    batch = _complete(openai_hook, write_chunk(tmp_path / "j", _rows(30)))
+    op = MergeResultsOperator(
+        task_id="merge", batches=[batch], output_dir=str(tmp_path / "o"), sink=SqlUpsertSink("results_db", "answers")
+    )
+    op.execute(make_context())
+    op.execute(make_context())
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("SELECT custom_id, status, response FROM answers ORDER BY custom_id").fetchall()
+    assert len(rows) == 30 and len({r[0] for r in rows}) == 30
+    assert {r[1] for r in rows} == {"succeeded"} and all(r[2] for r in rows)

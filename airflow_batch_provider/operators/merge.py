@@ -16,6 +16,7 @@ from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
 from airflow_batch_provider.merge import (
     SUMMARY_FILE,
     MergeStats,
+    PartSink,
     format_summary_table,
     merge_chunk,
     part_name,
@@ -44,6 +45,9 @@ class MergeResultsOperator(BaseOperator):
         TooManyFailuresError names each chunk over the ratio, how many rows failed and the most
         common errors. None disables the check.
     :param pricing: price overrides for the actual-cost line (a dict or a file path).
+    :param sink: also upsert each merged part elsewhere, e.g.
+        ``SqlUpsertSink("my_postgres", "product_labels")`` (``ON CONFLICT (custom_id) DO UPDATE``,
+        one transaction per chunk), after its parquet part is written.
 
     The summary (logged as a table, written to ``_SUMMARY.json`` and returned to XCom) holds rows,
     statuses, tokens, the actual cost of this run's batches next to the estimate and the cost the
@@ -63,6 +67,7 @@ class MergeResultsOperator(BaseOperator):
         provider: str | None = None,
         max_failure_ratio: float | None = 0.05,
         pricing: Mapping[str, Any] | str | None = None,
+        sink: PartSink | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -74,6 +79,7 @@ class MergeResultsOperator(BaseOperator):
         self.provider = provider
         self.max_failure_ratio = max_failure_ratio
         self.pricing = pricing
+        self.sink = sink
 
     def _hook(self, provider: str) -> BatchHook:
         return get_batch_hook(self.provider or provider, self.conn_id)
@@ -92,7 +98,7 @@ class MergeResultsOperator(BaseOperator):
         for batch in batches:
             provider = batch["provider"]
             hook = hooks.get(provider) or hooks.setdefault(provider, self._hook(provider))
-            stats = merge_chunk(hook, batch, self.output_dir)
+            stats = merge_chunk(hook, batch, self.output_dir, self.sink)
             # Carried rows were paid for in an earlier run: price only what this run's batches used.
             usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
             for attempt in batch.get("attempts") or []:
