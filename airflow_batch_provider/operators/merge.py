@@ -101,8 +101,6 @@ class MergeResultsOperator(BaseOperator):
             stats = merge_chunk(hook, batch, self.output_dir, self.sink)
             # Carried rows were paid for in an earlier run: price only what this run's batches used.
             usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
-            for attempt in batch.get("attempts") or []:
-                metrics.batch_ended(attempt["status"])
             self.log.info(
                 "%s: merged %d rows from %d attempt(s) (%s)",
                 batch["label"],

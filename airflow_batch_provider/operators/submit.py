@@ -25,6 +25,7 @@ from airflow_batch_provider.checkpoint import Checkpoint
 from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
 from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
+from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.status import BatchStatus
 from airflow_batch_provider.token_budget import (
     BudgetCheck,
@@ -256,6 +257,8 @@ class SubmitBatchOperator(BaseOperator):
         )
         self.log.info("%s: %d requests in batch %s", chunk["label"], chunk["num_requests"], submitted["batch_id"])
         remember_batch_url(self, hook.batch_url(submitted["batch_id"]))
+        metrics = BatchMetrics.from_context(context, provider=chunk["provider"], model=chunk["model"])
+        metrics.requests_in_flight(chunk["num_requests"], chunk_index=chunk["chunk_index"])
         return submitted
 
     def resume_after_budget_wait(

@@ -58,6 +58,7 @@ from airflow_batch_provider.line_retry import (
     plan_followup,
 )
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
+from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.operators.submit import submit_tagged
 from airflow_batch_provider.status import BatchState, BatchStatus
 from airflow_batch_provider.token_budget import is_token_limit_refusal, refusal_step
@@ -197,6 +198,10 @@ class BatchCompleteSensor(BaseSensorOperator):
 
     def _hook(self) -> BatchHook:
         return get_batch_hook(self.provider or self.batch["provider"], self.conn_id)
+
+    @property
+    def _metrics(self) -> BatchMetrics:
+        return BatchMetrics(provider=self.batch["provider"], model=self.batch.get("model", ""), dag_id=self.dag_id)
 
     @property
     def _conn_id(self) -> str:
@@ -426,6 +431,9 @@ class BatchCompleteSensor(BaseSensorOperator):
             last.progress_line(),
             f"; {left:,} line(s) of it did not succeed" if left else "",
         )
+        for state in states:
+            self._metrics.batch_ended(state["status"])
+        self._metrics.requests_in_flight(0, chunk_index=self.batch.get("chunk_index"))
         first = states[0]
         return cast(CompletedBatch, {**self.batch, "batch_id": first["batch_id"], "state": first, "attempts": states})
 
