@@ -83,7 +83,9 @@ def hook_class_for(provider: str) -> type[BatchHook]:
         from airflow_batch_provider.hooks.local_results import RESULTS_HOOKS
 
         return RESULTS_HOOKS[provider]
-    raise InvalidInputError(f"Unknown provider {provider!r}; choose 'openai' or 'anthropic'.")
+    raise InvalidInputError(
+        f"Unknown provider {provider!r}; choose 'openai' or 'anthropic' (batch APIs), or 'vllm' or 'server' (self-hosted)."
+    )
 
 
 def get_batch_hook(provider: str, conn_id: str | None = None, **kwargs: Any) -> BatchHook:
