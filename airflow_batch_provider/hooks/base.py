@@ -84,7 +84,8 @@ def hook_class_for(provider: str) -> type[BatchHook]:
 
         return RESULTS_HOOKS[provider]
     raise InvalidInputError(
-        f"Unknown provider {provider!r}; choose 'openai' or 'anthropic' (batch APIs), or 'vllm' or 'server' (self-hosted)."
+        f"Unknown provider {provider!r}; choose 'openai' or 'anthropic' (batch APIs), "
+        "or 'vllm' or 'server' (self-hosted)."
     )
 
 
