@@ -1,0 +1,56 @@
+"""Fixtures of the scheduler suite: one real Airflow deployment on PostgreSQL for the whole session.
+
+The deployment (api-server, scheduler, dag-processor, triggerer, LocalExecutor) and the batch
+emulator start on first use and stop at the end of the session; its throwaway database
+``abp_sched_<random>`` is dropped then. When a test fails, the tail of every component log and
+of the latest task logs is attached to its report: in CI they are the only clue.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.scheduler.deployment import Deployment
+from tests.scheduler.postgres import create_database, drop_database
+from tests.scheduler.processes import DeploymentError
+
+DAG_ID = "nightly_product_classification"
+
+
+@pytest.fixture(scope="session")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """Start Airflow on a throwaway PostgreSQL database plus the emulator; yield the handle."""
+    root = tmp_path_factory.mktemp("scheduler")
+    try:
+        database = create_database("abp_sched")
+    except Exception as exc:  # psycopg2.OperationalError and friends
+        pytest.fail(f"the scheduler suite needs PostgreSQL on 127.0.0.1:5432 (user postgres): {exc}")
+    deployment = Deployment(root, REPO_ROOT / "dags", database)
+    try:
+        try:
+            deployment.start_emulator()
+            deployment.start()
+            deployment.wait_for_dag(DAG_ID)
+        except Exception as exc:
+            raise DeploymentError(f"the deployment did not start: {exc}\n\n{deployment.diagnostics()}") from exc
+        yield deployment
+    finally:
+        try:
+            deployment.stop()
+        finally:
+            drop_database(database)
+            shutil.rmtree(root / "jobs", ignore_errors=True)  # chunk files: tens of MB per run
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Attach the deployment's logs to the report of a failed test (setup or call)."""
+    outcome = yield
+    report = outcome.get_result()
+    deployment = getattr(item, "funcargs", {}).get("deployment")
+    if report.failed and isinstance(deployment, Deployment) and not hasattr(report, "wasxfail"):
+        report.sections.append(("airflow deployment logs", deployment.diagnostics()))

@@ -1,0 +1,104 @@
+"""Long-running processes for tests: each in its own process group, logging to a file; and waiting helpers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+
+T = TypeVar("T")
+
+
+class DeploymentError(AssertionError):
+    """The deployment did not reach the state a test waited for (the message says which)."""
+
+
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
+    """Call ``check`` until it returns something truthy; raise ``DeploymentError`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            value = check()
+            if value:
+                return value
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            last_error = exc
+        if time.monotonic() >= deadline:
+            raise DeploymentError(
+                f"timed out after {timeout:.0f} s waiting for {what}"
+                + (f" (last error: {last_error})" if last_error else "")
+            )
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    """Return a TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Component:
+    """One long-running process in its own process group, logging to a file."""
+
+    def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = dict(env)
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process (appending to its log)."""
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== {time.strftime('%H:%M:%S')} starting {' '.join(self.argv)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` to the whole process group (the component and its children)."""
+        if self.process is not None:
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the process group, then SIGKILL whatever is left after ``timeout``."""
+        if self.process is None:
+            return
+        self.kill(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill(signal.SIGKILL)  # children that outlived their parent, or a stuck parent
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.process = None
+
+
+def process_title(pid: int) -> str:
+    """Return the command line of ``pid`` as ``ps`` shows it (empty if it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
