@@ -308,13 +308,16 @@ def merge_chunk(
 
 
 def remove_stale_parts(output_dir: str, keep: Sequence[str]) -> list[str]:
-    """Delete part files in ``output_dir`` that this merge did not write (a job that shrank)."""
+    """Delete part files this merge did not write (a job that shrank) and temporaries of a killed one."""
     folder = to_path(output_dir)
     removed: list[str] = []
     if not folder.exists():
         return removed
     for path in folder.iterdir():
-        if path.name.startswith("part-") and path.name.endswith(".parquet") and path.name not in keep:
+        stale_part = path.name.startswith("part-") and path.name.endswith(".parquet") and path.name not in keep
+        # ".part-NNNNN.parquet.<id>.tmp": a merge killed while writing; readers skip it, we remove it.
+        leftover = path.name.startswith(".part-") and path.name.endswith(".tmp")
+        if stale_part or leftover:
             path.unlink()
             removed.append(path.name)
     return removed

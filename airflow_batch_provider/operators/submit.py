@@ -104,17 +104,18 @@ def submit_once(
         )
         record = {"fingerprint": chunk["fingerprint"], "input_file_id": record.get("input_file_id")}
 
-    if record is not None or not checkpoint.durable:
-        since = (record or {}).get("intent_at")
-        existing = [s for s in hook.find_existing(key, chunk, since=since) if s.status not in _DEAD]
-        if existing:
-            keep, *extra = existing
-            for dup in extra if hook.exact_reconcile else ():
-                log.warning("%s: cancelling duplicate batch %s", chunk["label"], dup.batch_id)
-                hook.cancel(dup.batch_id)
-            log.info("%s: found batch %s created by an earlier attempt", chunk["label"], keep.batch_id)
-            checkpoint.save({**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": keep.batch_id})
-            return {**chunk, "batch_id": keep.batch_id, "input_file_id": (record or {}).get("input_file_id")}
+    # Always ask the provider before creating: a missing record may mean the store was cleared
+    # ([state_store] clear_on_success) rather than "never submitted". One list call per chunk.
+    since = (record or {}).get("intent_at")
+    existing = [s for s in hook.find_existing(key, chunk, since=since) if s.status not in _DEAD]
+    if existing:
+        keep, *extra = existing
+        for dup in extra if hook.exact_reconcile else ():
+            log.warning("%s: cancelling duplicate batch %s", chunk["label"], dup.batch_id)
+            hook.cancel(dup.batch_id)
+        log.info("%s: found batch %s created by an earlier attempt", chunk["label"], keep.batch_id)
+        checkpoint.save({**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": keep.batch_id})
+        return {**chunk, "batch_id": keep.batch_id, "input_file_id": (record or {}).get("input_file_id")}
 
     extra_metadata = dict(prepare()) if prepare is not None else {}
     record = {"fingerprint": chunk["fingerprint"], "idempotency_key": key, "intent_at": time.time(), **(record or {})}

@@ -70,27 +70,17 @@ CHECKPOINT_KEY = "batch_wait"
 
 
 def default_deferrable() -> bool:
-    """Deferrable unless the deployment explicitly set ``[operators] default_deferrable``.
+    """Deferrable unless ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` explicitly turns it off.
 
-    Airflow's own default for that option is False, which would make every sensor poke; a batch
-    can take hours, so we defer unless the user set the option (env var or airflow.cfg).
+    Airflow's own default for ``[operators] default_deferrable`` is False, which would make every
+    sensor poke in a worker slot for hours. Airflow 3.3 also writes that default into the
+    ``airflow.cfg`` it generates, so a value in the file cannot be told from the user's choice:
+    only the environment variable (or ``deferrable=False`` on the task) switches deferral off.
     """
     explicit = os.environ.get("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE")
     if explicit is None:
-        explicit = _value_in_config_file("operators", "default_deferrable")
-    if explicit is None:
         return True
     return explicit.strip().lower() in ("1", "true", "yes", "on", "t")
-
-
-def _value_in_config_file(section: str, key: str) -> str | None:
-    from airflow.configuration import conf
-
-    try:  # private API; if it moves we treat the option as unset
-        value = conf._get_option_from_config_file(None, None, key, section)
-    except Exception:
-        return None
-    return value if isinstance(value, str) else None
 
 
 def _format_errors(errors: Sequence[dict[str, Any]], limit: int = 5) -> str:

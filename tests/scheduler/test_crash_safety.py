@@ -340,15 +340,6 @@ class SensorPokedError(AssertionError):
     """The sensor kept a worker process polling instead of deferring to the triggerer."""
 
 
-DEFAULT_DEFERRABLE_BUG = (
-    "sensors/batch.py default_deferrable() reads [operators] default_deferrable from airflow.cfg and treats any "
-    "value found there as the user's explicit choice; Airflow 3.3 writes every option with its default "
-    "('default_deferrable = false') into the airflow.cfg it generates on first start (db migrate, standalone), "
-    "so under a real deployment BatchCompleteSensor pokes in a worker slot instead of deferring"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=SensorPokedError, reason=DEFAULT_DEFERRABLE_BUG)
 def test_kill_triggerer_while_deferred(deployment: Deployment, undisturbed: Outcome) -> None:
     """SIGKILL the triggerer while every sensor is deferred; a new triggerer finishes the wait.
 
