@@ -79,12 +79,16 @@ def test_create_wait_results(anthropic_hook, anthropic_conn, tmp_path):
 
 def test_every_result_type(anthropic_conn, anthropic_hook, tmp_path):
     """succeeded, errored (bad params, surfaced at the end like the real API), expired, canceled."""
-    anthropic_conn.set_faults(expire_rate=0.3, seed=5)
-    lines = [_line(f"r{i}", "x") for i in range(30)]
-    lines.append({"custom_id": "bad", "params": {"model": "claude-haiku-5-5", "messages": []}})  # no max_tokens
+    bad = [{"custom_id": "bad", "params": {"model": "claude-haiku-5-5", "messages": []}}]  # no max_tokens
+    state = wait_terminal(anthropic_hook, anthropic_hook.submit(_chunk(tmp_path / "b", bad), metadata={})["batch_id"])
+    (result,) = anthropic_hook.iter_results(state)
+    assert result["status"] == "errored" and result["error"] and result["error_code"] == "invalid_request_error"
+    assert state.status is BatchStatus.COMPLETED  # errored requests do not fail the batch
+
+    anthropic_conn.set_faults(expire_rate=0.3, line_error_rate=0.2, seed=5)
+    lines = [_line(f"r{i}", "x") for i in range(40)]
     state = wait_terminal(anthropic_hook, anthropic_hook.submit(_chunk(tmp_path, lines), metadata={})["batch_id"])
     results = {r["custom_id"]: r for r in anthropic_hook.iter_results(state)}
-    assert results["bad"]["status"] == "errored" and results["bad"]["error"]
     statuses = {r["status"] for r in results.values()}
     assert {"succeeded", "errored", "expired"} <= statuses
     assert state.status is BatchStatus.EXPIRED
