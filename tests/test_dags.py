@@ -40,6 +40,9 @@ def test_example_dag_shape(dagbag):
     dag = dagbag.dags["nightly_product_classification"]
     assert set(dag.task_ids) == {"make_products", "chunk", "submit", "wait", "merge"}
     assert dag.params["rows"] == 50_000
+    (outlet,) = dag.get_task("merge").outlets  # downstream DAGs can be scheduled on the merged output
+    assert outlet.name == "classified_products"
+    assert dag.get_task("chunk").skip_unchanged is True
     assert dag.get_task("wait").partial_kwargs.get("deferrable") is None  # deferrable by default
 
 
