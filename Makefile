@@ -35,7 +35,7 @@ test: lint typecheck pytest
 
 # Chunk and merge paths vs plain reference loops at 1M and 5M rows, plus Airflow overhead per chunk in
 # `airflow dags test` at 500K rows (docs/performance.md). Quick run: make bench BENCH_ROWS=100000 BENCH_DAG_ROWS=0
-# (BENCH_REPEAT=2 keeps the best of two runs per path).
+# (BENCH_REPEAT=1: one run per path instead of the best of two up to 1M rows).
 bench: venv
 	$(PY) -m benchmarks.run
 

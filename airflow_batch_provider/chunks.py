@@ -1,9 +1,15 @@
 """Turn a table into provider-ready JSONL chunk files, validated before anything is submitted.
 
 The table (parquet, csv or jsonl; one file or a folder of them; local or any ``ObjectStoragePath``
-URL) is streamed in record batches, so memory stays flat however many rows it has — except the
-duplicate-id check, which keeps 8 bytes per row (see :func:`_report_duplicates`). Each batch is
-rendered into request lines and cut into chunks by request count and byte cap.
+URL; see :mod:`airflow_batch_provider.tables`) is streamed in record batches, so memory stays flat
+however many rows it has — except the duplicate-id check, which keeps 8 bytes per row (see
+:func:`_report_duplicates`). Each batch is rendered into request lines and cut into chunks by
+request count and byte cap.
+
+Speed: a batch's request lines are built by Arrow kernels into one buffer (prompts and ids are
+JSON-escaped exactly as orjson does it), so the only per-row Python left is the sha256 of each
+request fingerprint; the parquet rows files are written by a background thread. ``make bench``
+measures it against a plain pyarrow + orjson loop (``docs/performance.md``).
 
 Everything is written into ``job_dir/.staging-<uuid>/`` and moved to ``job_dir/chunks/`` only when
 the whole table validated; on any error the staging folder is removed, so a bad row at position
@@ -18,16 +24,16 @@ Output is deterministic: the same table and spec give byte-identical files.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
 import numpy as np
 import orjson
@@ -38,20 +44,19 @@ from airflow_batch_provider import storage
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.limits import ProviderLimits, limits_for
-from airflow_batch_provider.requests import RequestSpec, renderer_for
+from airflow_batch_provider.requests import RenderedRequests, RequestSpec, renderer_for
+from airflow_batch_provider.tables import (  # TableReader and these names used to live here: still importable
+    CUSTOM_ID,
+    DEFAULT_BATCH_ROWS,
+    FINGERPRINT,
+    TableReader,
+    select_columns,
+)
 from airflow_batch_provider.templates import PromptTemplate, RowProblems, to_string_array
 
 CHUNKS_DIR = "chunks"
 MANIFEST_NAME = "manifest.json"
-CUSTOM_ID = "custom_id"
-FINGERPRINT = "request_fingerprint"
 DEFAULT_CHUNK_SIZE = 5_000
-DEFAULT_BATCH_ROWS = 65_536
-
-_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-_COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}
-# csv/jsonl readers infer column types from the first block: a larger block infers better.
-_TEXT_BLOCK_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,30 @@ def check_byte_cap(byte_cap: int | None, provider: str) -> int:
             f"byte_cap must be an integer from 1 to {limits.max_bytes:,} bytes for {provider}, got {byte_cap!r}."
         )
     return byte_cap
+
+
+def check_map_length(num_chunks: int, *, num_rows: int, chunk_size: int, provider: str) -> None:
+    """Raise ChunkLimitError when Airflow cannot map a task over ``num_chunks`` chunks.
+
+    Airflow refuses to expand a mapped task over more than ``[core] max_map_length`` items
+    (1,024 by default), so a 10M-row job in chunks of 10,000 would only fail at the submit step.
+    The limit is read from this process's Airflow configuration; the scheduler and API server
+    must allow the same.
+    """
+    from airflow.configuration import conf
+
+    limit = conf.getint("core", "max_map_length", fallback=1024)
+    if num_chunks <= limit:
+        return
+    needed = -(-num_rows // limit)  # the chunk_size that would give at most ``limit`` chunks
+    largest = limits_for(provider).max_requests
+    bigger = f"increase chunk_size to at least {needed:,} (at most {largest:,} for {provider})"
+    raise ChunkLimitError(
+        f"The table gives {num_chunks:,} chunks of up to {chunk_size:,} requests, but Airflow maps a task over at "
+        f"most [core] max_map_length = {limit:,} items, so the mapped submit step could not expand. Raise "
+        f"AIRFLOW__CORE__MAX_MAP_LENGTH to at least {num_chunks:,} (for the scheduler and API server as well as the "
+        f"workers){f', or {bigger}' if needed <= largest else ''}; see docs/performance.md."
+    )
 
 
 def write_chunks(
@@ -148,7 +177,7 @@ def build_chunks(
     renderer = renderer_for(spec)
     text_columns = [*prompt.fields, *([id_column] if id_column else [])]
     reader = TableReader(source, batch_rows=batch_rows, string_columns=text_columns)
-    selected = _select_columns(reader.schema(), prompt, id_column, columns)
+    selected = select_columns(reader.schema(), prompt, id_column, columns)
 
     job = storage.to_path(job_dir)
     created_job_dir = not job.exists()
@@ -164,16 +193,15 @@ def build_chunks(
         rows_schema: pa.Schema | None = None
         num_rows = 0
         for batch in reader.batches(selected):
-            texts = prompt.render_batch(batch, offset=num_rows, problems=problems)
+            texts = prompt.render_json(batch, offset=num_rows, problems=problems)
             custom_ids = ids.build(batch, offset=num_rows, problems=problems)
-            hashes.append(np.fromiter(map(hash, custom_ids), dtype=np.int64, count=len(custom_ids)))
-            lines, fingerprints = renderer.render_many(custom_ids, texts)
-            sizes = np.fromiter(map(len, lines), dtype=np.int64, count=len(lines)) + 1
-            _check_line_sizes(sizes, byte_cap, limits, num_rows, custom_ids)
+            hashes.append(_id_hashes(custom_ids))
+            rendered = renderer.render_arrays(custom_ids, texts)
+            _check_line_sizes(rendered.sizes, byte_cap, limits, num_rows, custom_ids)
             if not problems:  # after the first bad row only validate: the staging folder is discarded
                 if rows_schema is None:
                     rows_schema = _rows_schema(batch.schema)
-                writer.write(lines, sizes, _rows_batch(batch, custom_ids, fingerprints, rows_schema))
+                writer.write(rendered, _rows_batch(batch, custom_ids, rendered.fingerprints, rows_schema))
             num_rows += batch.num_rows
         if num_rows == 0:
             raise InvalidInputError(f"The table {reader.source} has no rows; there is nothing to submit.")
@@ -203,187 +231,6 @@ def build_chunks(
     )
 
 
-# --------------------------------------------------------------------------------------- reading
-
-
-@dataclass(frozen=True)
-class _SourceFile:
-    path: str
-    fmt: str
-    compression: str | None
-
-
-def _classify(path: str) -> _SourceFile:
-    name = path.rsplit("/", 1)[-1].lower()
-    compression = None
-    for suffix, codec in _COMPRESSIONS.items():
-        if name.endswith(suffix):
-            name, compression = name[: -len(suffix)], codec
-    for suffix, fmt in _FORMATS.items():
-        if name.endswith(suffix):
-            if fmt == "parquet" and compression:
-                break
-            return _SourceFile(path, fmt, compression)
-    raise InvalidInputError(
-        f"Cannot tell the format of {path}; supported: .parquet/.pq, .csv, .jsonl/.ndjson "
-        "(csv and jsonl optionally .gz/.bz2/.zst), or a folder of such files."
-    )
-
-
-class TableReader:
-    """Stream record batches of at most ``batch_rows`` rows from a table file or a folder of them.
-
-    ``string_columns`` are read as text from csv (no type inference) so ids such as ``00123``
-    and prompt values keep their exact spelling.
-    """
-
-    def __init__(
-        self,
-        source: str | os.PathLike[str],
-        *,
-        batch_rows: int = DEFAULT_BATCH_ROWS,
-        string_columns: Sequence[str] = (),
-    ) -> None:
-        self.source = os.fspath(source)
-        self.batch_rows = batch_rows
-        self.string_columns = list(string_columns)
-        self.files = self._resolve()
-        self._schema: pa.Schema | None = None
-
-    def _resolve(self) -> list[_SourceFile]:
-        path = storage.to_path(self.source)
-        try:
-            is_dir = path.is_dir()
-            exists = is_dir or path.exists()
-            if not exists:
-                raise InvalidInputError(f"The source table {self.source} does not exist.")
-            if not is_dir:
-                return [_classify(str(path))]
-            found = sorted(str(p) for p in path.rglob("*") if p.is_file() and not p.name.startswith(("_", ".")))
-        except OSError as err:
-            raise InvalidInputError(f"Cannot access the source table {self.source}: {err}") from None
-        if not found:
-            raise InvalidInputError(f"The source folder {self.source} holds no table files.")
-        files = [_classify(p) for p in found]
-        formats = sorted({f.fmt for f in files})
-        if len(formats) > 1:
-            raise InvalidInputError(f"The source folder {self.source} mixes formats {formats}; keep one per folder.")
-        return files
-
-    def schema(self) -> pa.Schema:
-        """Return the first file's schema (all columns)."""
-        if self._schema is None:
-            with ExitStack() as stack:
-                self._schema = self._guard(self.files[0], lambda: self._open(self.files[0], None, stack)[0])
-        return self._schema
-
-    def batches(self, columns: Sequence[str] | None = None) -> Iterator[pa.RecordBatch]:
-        """Yield non-empty record batches of ``columns`` (all when None) from every file, in order."""
-        target: pa.Schema | None = None
-        for source_file in self.files:
-            with ExitStack() as stack:
-                schema, batches = self._guard(source_file, lambda f=source_file: self._open(f, columns, stack))
-                if target is None:
-                    target = schema
-                while True:
-                    batch = self._guard(source_file, lambda b=batches: next(b, None))
-                    if batch is None:
-                        break
-                    if columns is not None and batch.schema.names != list(columns):
-                        batch = batch.select(list(columns))
-                    if not batch.schema.equals(target):
-                        batch = self._guard(source_file, lambda b=batch, t=target: b.cast(t))
-                    for start in range(0, batch.num_rows, self.batch_rows):
-                        yield batch.slice(start, self.batch_rows)
-
-    def _guard(self, source_file: _SourceFile, call: Any) -> Any:
-        try:
-            return call()
-        except (pa.ArrowException, OSError, ValueError, TypeError) as err:
-            hint = ""
-            if source_file.fmt != "parquet":
-                hint = f" ({source_file.fmt} column types are inferred from the first block; parquet avoids this.)"
-            raise InvalidInputError(
-                f"Cannot read {source_file.path} as {source_file.fmt}: {type(err).__name__}: {err}{hint}"
-            ) from err
-
-    def _input(self, source_file: _SourceFile, stack: ExitStack) -> Any:
-        path = storage.to_path(source_file.path)
-        handle: Any = str(path) if isinstance(path, Path) else stack.enter_context(path.open("rb"))
-        if source_file.fmt == "parquet":
-            return handle
-        return stack.enter_context(pa.input_stream(handle, compression=source_file.compression))
-
-    def _open(
-        self, source_file: _SourceFile, columns: Sequence[str] | None, stack: ExitStack
-    ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-        handle = self._input(source_file, stack)
-        if source_file.fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            parquet = stack.enter_context(pq.ParquetFile(handle))
-            schema = parquet.schema_arrow
-            batches = _parquet_batches(parquet, self.batch_rows, columns)
-        elif source_file.fmt == "csv":
-            import pyarrow.csv as pacsv
-
-            convert = pacsv.ConvertOptions(
-                column_types={name: pa.string() for name in self.string_columns},
-                include_columns=None if columns is None else list(columns),
-            )
-            reader = pacsv.open_csv(
-                handle,
-                read_options=pacsv.ReadOptions(block_size=_TEXT_BLOCK_BYTES),
-                # Prompt text is often multi-line: allow newlines inside quoted values.
-                parse_options=pacsv.ParseOptions(newlines_in_values=True),
-                convert_options=convert,
-            )
-            schema, batches = reader.schema, iter(reader)
-        else:
-            import pyarrow.json as pajson
-
-            reader = pajson.open_json(handle, read_options=pajson.ReadOptions(block_size=_TEXT_BLOCK_BYTES))
-            schema, batches = reader.schema, iter(reader)
-        if columns is not None:
-            schema = pa.schema([schema.field(name) for name in columns])
-        return schema.remove_metadata(), batches
-
-
-def _parquet_batches(parquet: Any, batch_rows: int, columns: Sequence[str] | None) -> Iterator[pa.RecordBatch]:
-    # One reader per row group: a single iter_batches over the whole file keeps its pre-buffered
-    # ranges until the end, so memory would grow with the file (seen: +80 MB per 10M rows).
-    selected = None if columns is None else list(columns)
-    for group in range(parquet.num_row_groups):
-        yield from parquet.iter_batches(batch_size=batch_rows, row_groups=[group], columns=selected)
-
-
-def _select_columns(
-    schema: pa.Schema, prompt: PromptTemplate, id_column: str | None, columns: Sequence[str] | None
-) -> list[str]:
-    """Return the source columns to read and keep, in table order, after checking every name."""
-    names = list(schema.names)
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise InvalidInputError(f"The table has repeated column names {repeated}; rename them.")
-    prompt.check_columns(names)
-    if id_column is not None and id_column not in names:
-        raise InvalidInputError(f"id_column {id_column!r} is not a column of the table; available columns: {names}.")
-    if columns is not None:
-        unknown = [c for c in columns if c not in names]
-        if unknown:
-            raise InvalidInputError(f"columns {unknown} are not in the table; available columns: {names}.")
-        wanted = {*columns, *prompt.fields, *([id_column] if id_column else [])}
-        names = [n for n in names if n in wanted]
-    if FINGERPRINT in names:
-        raise InvalidInputError(f"The table has a column named {FINGERPRINT!r}, which the rows file adds; rename it.")
-    if CUSTOM_ID in names and id_column != CUSTOM_ID:
-        raise InvalidInputError(
-            f"The table has a column named {CUSTOM_ID!r} that is not the id_column; pass id_column={CUSTOM_ID!r}, "
-            "rename it, or leave it out with columns=."
-        )
-    return names
-
-
 # ------------------------------------------------------------------------------------------- ids
 
 
@@ -408,10 +255,10 @@ class _IdBuilder:
         assert self.id_column is not None
         return to_string_array(batch.column(self.id_column))
 
-    def build(self, batch: pa.RecordBatch, *, offset: int, problems: RowProblems) -> list[str]:
-        """Return one custom_id per row; bad rows get a unique placeholder and are recorded."""
+    def build(self, batch: pa.RecordBatch, *, offset: int, problems: RowProblems) -> pa.Array:
+        """Return one custom_id per row (a string array); bad rows get a unique placeholder and are recorded."""
         if self.id_column is None:
-            return self._hash_ids(batch)
+            return pa.array(self._hash_ids(batch), pa.string())
         name = self.id_column
         user = self.user_ids(batch)
         bad = pc.fill_null(pc.or_kleene(pc.is_null(user), pc.equal(pc.binary_length(user), 0)), False)
@@ -429,12 +276,13 @@ class _IdBuilder:
                 np.asarray(pc.indices_nonzero(too_long)) + offset,
                 advice=f"{self.limits.provider} accepts custom ids of at most {limit} characters; shorten them.",
             )
-        values: list[Any] = user.to_pylist()
+        ids = user
         if self._regex is not None:
-            fits = pc.fill_null(pc.match_substring_regex(user, self._regex), True)
-            misfits = np.asarray(pc.indices_nonzero(pc.invert(fits)))
-            for index in misfits.tolist():
-                values[index] = derive_custom_id(values[index])
+            misfit = pc.invert(pc.fill_null(pc.match_substring_regex(user, self._regex), True))
+            misfits = np.asarray(pc.indices_nonzero(misfit))
+            if misfits.size:
+                derived = [derive_custom_id(value) for value in user.take(misfits).to_pylist()]
+                ids = pc.replace_with_mask(ids, misfit, pa.array(derived, pa.string()))
             self.derived += int(misfits.size)
             if misfits.size and name == CUSTOM_ID:
                 problems.add(
@@ -443,15 +291,21 @@ class _IdBuilder:
                     advice=f"These ids must be rewritten, which would overwrite the column {CUSTOM_ID!r} in the "
                     "rows file; rename the column and pass the new name as id_column.",
                 )
-        for index in bad_rows.tolist():
-            values[index] = f"\x00{offset + index}"  # unique placeholder: keeps these rows out of the duplicate check
-        return values
+        if bad_rows.size:  # unique placeholders keep these rows out of the duplicate check
+            placeholders = [f"\x00{offset + index}" for index in bad_rows.tolist()]
+            ids = pc.replace_with_mask(ids, bad, pa.array(placeholders, pa.string()))
+        return ids
 
     def _hash_ids(self, batch: pa.RecordBatch) -> list[str]:
         # Hash the values' text forms so the same data read from csv, jsonl or parquet gets the same ids.
         columns = [to_string_array(batch.column(name)).to_pylist() for name in self.hash_columns]
         dumps, blake2b = orjson.dumps, hashlib.blake2b
         return ["row-" + blake2b(dumps(values), digest_size=8).hexdigest() for values in zip(*columns)]
+
+
+def _id_hashes(custom_ids: pa.Array) -> np.ndarray:
+    """Return Python's 64-bit ``hash()`` of every id (see :func:`_report_duplicates`)."""
+    return np.fromiter(map(hash, custom_ids.to_pylist()), dtype=np.int64, count=len(custom_ids))
 
 
 def _report_duplicates(
@@ -480,7 +334,7 @@ def _report_duplicates(
     details: list[str] = []
     offset = 0
     for batch in reader.batches(columns):
-        custom_ids = ids.build(batch, offset=offset, problems=RowProblems())
+        custom_ids = ids.build(batch, offset=offset, problems=RowProblems()).to_pylist()
         user = ids.user_ids(batch).to_pylist() if id_column else [None] * batch.num_rows
         for index, custom_id in enumerate(custom_ids):
             if hash(custom_id) not in candidates:
@@ -529,12 +383,12 @@ def _duplicate_hashes(hashes: list[np.ndarray]) -> set[int]:
 
 
 def _check_line_sizes(
-    sizes: np.ndarray, byte_cap: int, limits: ProviderLimits, offset: int, custom_ids: Sequence[str]
+    sizes: np.ndarray, byte_cap: int, limits: ProviderLimits, offset: int, custom_ids: pa.Array
 ) -> None:
     if sizes.size and int(sizes.max()) > byte_cap:
         index = int(np.argmax(sizes > byte_cap))
         raise ChunkLimitError(
-            f"Row {offset + index} (custom_id {custom_ids[index]!r}) renders to a request of "
+            f"Row {offset + index} (custom_id {custom_ids[index].as_py()!r}) renders to a request of "
             f"{int(sizes[index]):,} bytes, "
             f"more than the chunk byte cap of {byte_cap:,} bytes. Shorten that row's text, or raise byte_cap "
             f"(at most {limits.max_bytes:,} bytes for {limits.provider}).",
@@ -548,10 +402,10 @@ def _rows_schema(source: pa.Schema) -> pa.Schema:
 
 
 def _rows_batch(
-    batch: pa.RecordBatch, custom_ids: list[str], fingerprints: list[str], schema: pa.Schema
+    batch: pa.RecordBatch, custom_ids: pa.Array, fingerprints: pa.Array, schema: pa.Schema
 ) -> pa.RecordBatch:
     arrays = [batch.column(name) for name in schema.names[:-2]]
-    arrays += [pa.array(custom_ids, pa.string()), pa.array(fingerprints, pa.string())]
+    arrays += [custom_ids.cast(pa.string()), fingerprints]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
@@ -564,22 +418,30 @@ class _WrittenChunk:
 
 
 class _ChunkWriter:
-    """Append request lines to numbered chunk files, closing a chunk at the count or byte limit."""
+    """Cut request lines into numbered chunks at the count or byte limit and write each chunk's files.
+
+    The caller's thread only decides where chunks end. Each finished chunk (its lines, still in
+    the batches' Arrow buffers, and its rows) goes to one background thread that writes the
+    JSONL file, hashes it and writes the parquet rows file: file writes, sha256 and parquet
+    encoding release the GIL, so that work runs on another core while the caller renders the
+    next batch. At most :data:`_PENDING_CHUNKS` chunks wait; a write error is raised by the
+    next call that waits (:meth:`write` or :meth:`finish`).
+    """
 
     def __init__(self, folder: storage.AnyPath, *, chunk_size: int, byte_cap: int) -> None:
         self.folder = folder
         self.chunk_size = chunk_size
         self.byte_cap = byte_cap
-        self.done: list[_WrittenChunk] = []
-        self._handle: IO[bytes] | None = None
-        self._digest = hashlib.sha256()
+        self._blocks: list[memoryview] = []
         self._rows: list[pa.RecordBatch] = []
         self._count = 0
         self._bytes = 0
+        self._files = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunk-files")
+        self._written: list[tuple[_WrittenChunk, Future[str]]] = []  # each chunk and its file's sha256
 
-    def write(self, lines: list[bytes], sizes: np.ndarray, rows: pa.RecordBatch) -> None:
-        """Append ``lines`` (``sizes`` = length + 1 each, all within the byte cap) and their ``rows``."""
-        ends = np.cumsum(sizes)  # ends[i]: bytes of lines[0..i] with their newlines
+    def write(self, lines: RenderedRequests, rows: pa.RecordBatch) -> None:
+        """Append ``lines`` (each within the byte cap) and their ``rows``."""
+        sizes, ends = lines.sizes, lines.offsets[1:] - lines.offsets[0]  # ends[i]: bytes of lines 0..i
         pos, total = 0, len(lines)
         while pos < total:
             if self._count >= self.chunk_size or (self._count and int(sizes[pos]) > self.byte_cap - self._bytes):
@@ -587,52 +449,58 @@ class _ChunkWriter:
             before = int(ends[pos - 1]) if pos else 0
             fit_by_bytes = int(np.searchsorted(ends, before + self.byte_cap - self._bytes, side="right"))
             end = min(total, pos + self.chunk_size - self._count, fit_by_bytes)
-            self._append(lines[pos:end], rows.slice(pos, end - pos), int(ends[end - 1]) - before)
+            block = lines.data(pos, end)
+            self._blocks.append(block)
+            self._rows.append(rows.slice(pos, end - pos))
+            self._count += end - pos
+            self._bytes += len(block)
             pos = end
 
-    def _append(self, lines: list[bytes], rows: pa.RecordBatch, num_bytes: int) -> None:
-        if self._handle is None:
-            self._handle = self._path("jsonl").open("wb")
-            self._digest = hashlib.sha256()
-        data = b"\n".join(lines) + b"\n"
-        self._handle.write(data)
-        self._digest.update(data)
-        self._rows.append(rows)
-        self._count += len(lines)
-        self._bytes += num_bytes
-
-    def _path(self, kind: str) -> storage.AnyPath:
-        suffix = "jsonl" if kind == "jsonl" else "rows.parquet"
-        return self.folder / f"chunk-{len(self.done):05d}.{suffix}"
-
     def _close(self) -> None:
-        import pyarrow.parquet as pq
-
-        assert self._handle is not None
-        self._handle.close()
-        self._handle = None
-        # One table per chunk (bounded by chunk_size rows) so the rows file does not depend on batch_rows.
-        rows_path = self._path("rows")
-        table = pa.Table.from_batches(self._rows)
-        with rows_path.open("wb") as handle:
-            # custom_id and request_fingerprint are unique per row: dictionary-encoding them only costs time.
-            pq.write_table(table, handle, compression="zstd", use_dictionary=table.schema.names[:-2])
-        self.done.append(_WrittenChunk(len(self.done), self._count, self._bytes, self._digest.hexdigest()))
-        self._rows, self._count, self._bytes = [], 0, 0
+        index = len(self._written)
+        if index >= _PENDING_CHUNKS:  # bounded memory; the writer works in order, so all before it are done
+            self._written[index - _PENDING_CHUNKS][1].result()  # ... and its write error surfaces here
+        paths = (self.folder / f"chunk-{index:05d}.jsonl", self.folder / f"chunk-{index:05d}.rows.parquet")
+        digest = self._files.submit(_write_chunk_files, *paths, self._blocks, self._rows)
+        self._written.append((_WrittenChunk(index, self._count, self._bytes, ""), digest))
+        self._blocks, self._rows, self._count, self._bytes = [], [], 0, 0
 
     def finish(self) -> list[_WrittenChunk]:
-        """Close the open chunk and return every chunk written."""
+        """Close the open chunk, wait until every file is written and return the chunks."""
         if self._count:
             self._close()
-        return self.done
+        done = [dataclasses.replace(chunk, fingerprint=digest.result()) for chunk, digest in self._written]
+        self._files.shutdown()
+        return done
 
     def abort(self) -> None:
-        """Close an open file without finishing it (the caller removes the folder)."""
-        if self._handle is not None:
-            try:
-                self._handle.close()
-            finally:
-                self._handle = None
+        """Stop writing (the caller removes the folder); a file being written is finished first."""
+        for _, digest in self._written:
+            digest.cancel()
+        self._files.shutdown(wait=True)
+
+
+# Finished chunks that may wait for the writer thread (each holds at most chunk_size rows).
+_PENDING_CHUNKS = 2
+
+
+def _write_chunk_files(
+    jsonl_path: storage.AnyPath, rows_path: storage.AnyPath, blocks: list[memoryview], rows: list[pa.RecordBatch]
+) -> str:
+    """Write one chunk's request lines and rows files; return the sha256 of the requests file."""
+    import pyarrow.parquet as pq
+
+    digest = hashlib.sha256()
+    with jsonl_path.open("wb") as handle:
+        for block in blocks:
+            handle.write(block)
+            digest.update(block)
+    # One table per chunk (bounded by chunk_size rows) so the rows file does not depend on batch_rows.
+    table = pa.Table.from_batches(rows)
+    with rows_path.open("wb") as handle:
+        # custom_id and request_fingerprint are unique per row: dictionary-encoding them only costs time.
+        pq.write_table(table, handle, compression="zstd", use_dictionary=table.schema.names[:-2])
+    return digest.hexdigest()
 
 
 def _descriptors(job: storage.AnyPath, spec: RequestSpec, chunks: list[_WrittenChunk]) -> list[ChunkDescriptor]:

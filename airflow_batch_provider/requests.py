@@ -7,9 +7,12 @@ pair into one JSONL line in the provider's batch format.
 Rendering is on the hot path (millions of rows), so a renderer serialises the full request
 once with two sentinel strings in place of the custom id and the user text, splits the bytes
 at the sentinels, and per row only splices in ``orjson.dumps(custom_id)`` and
-``orjson.dumps(text)`` (each a correctly escaped JSON string). :meth:`RequestRenderer.request_dict`
-builds the same request as a plain dict; it is the single source of truth and what the tests
-compare against.
+``orjson.dumps(text)`` (each a correctly escaped JSON string). :meth:`RequestRenderer.render_arrays`
+does the same for a whole record batch with Arrow kernels (ids and texts escaped exactly as orjson
+does it, see :func:`~airflow_batch_provider.templates.json_escape`), leaving only the per-row
+sha256 of the fingerprint in Python.
+:meth:`RequestRenderer.request_dict` builds the same request as a plain dict; it is the single
+source of truth and what the tests compare against.
 """
 
 from __future__ import annotations
@@ -22,10 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
 import orjson
+import pyarrow as pa
 
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.limits import ProviderLimits, limits_for
+from airflow_batch_provider.templates import concat, json_escape
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
@@ -259,6 +265,26 @@ def _strictify(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+class RenderedRequests:
+    """The request lines of one record batch, each ending in ``\\n``, in one contiguous Arrow buffer."""
+
+    def __init__(self, lines: pa.Array, fingerprints: pa.Array) -> None:
+        self.lines = lines  # large_string
+        self.fingerprints = fingerprints  # string, 32 hex chars each
+        offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset : lines.offset + len(lines) + 1]
+        data = lines.buffers()[2]
+        self._data = memoryview(data if data is not None else b"")
+        self.offsets = offsets  # line i is data[offsets[i]:offsets[i + 1]]
+        self.sizes = np.diff(offsets)  # bytes per line, newline included
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def data(self, start: int, stop: int) -> memoryview:
+        """Return lines ``start`` … ``stop - 1`` as one block of bytes, newlines included."""
+        return self._data[int(self.offsets[start]) : int(self.offsets[stop])]
+
+
 # Sentinels contain NUL, which orjson escapes as \u0000: they cannot collide with ordinary text,
 # and the split below checks that each occurs exactly once anyway.
 _ID_SENTINEL = "\x00abp-custom-id\x00"
@@ -309,6 +335,37 @@ class RequestRenderer(ABC):
             digest.update(body)
             add_fp(digest.hexdigest()[:32])
         return lines, fingerprints
+
+    def render_arrays(self, custom_ids: pa.Array, json_texts: pa.Array) -> RenderedRequests:
+        """Render a batch: the same lines and fingerprints as :meth:`render_many`, built by Arrow kernels.
+
+        ``custom_ids`` is a string array; ``json_texts`` holds each user text as a JSON string
+        literal (:meth:`PromptTemplate.render_json <airflow_batch_provider.templates.PromptTemplate.render_json>`
+        or :func:`~airflow_batch_provider.templates.json_strings`). Neither may hold nulls.
+        """
+        if len(custom_ids) != len(json_texts):
+            raise ValueError(f"{len(custom_ids)} custom ids but {len(json_texts)} texts")
+        # The fingerprint covers the id-less request, which ends with text + tail (see __init__).
+        bodies = concat(json_texts, self._tail.decode())
+        head, middle = self._head.decode(), self._middle.decode()
+        lines = concat(head + '"', json_escape(custom_ids), '"' + middle, bodies, "\n")
+        return RenderedRequests(lines, self._fingerprints(bodies))
+
+    def _fingerprints(self, bodies: pa.Array) -> pa.Array:
+        """Return the fingerprints of ``bodies`` as a string array (hex of the first 16 digest bytes)."""
+        # The sha256 calls are the only per-row Python left (a plain loop is the fastest form);
+        # the hex formatting happens once for the whole batch.
+        copy = self._fp_base.copy
+        digests: list[bytes] = []
+        add = digests.append
+        for body in bodies.cast(pa.large_binary()).to_pylist():
+            sha = copy()
+            sha.update(body)
+            add(sha.digest())
+        first_halves = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 32)[:, :16]
+        hexed = first_halves.tobytes().hex().encode()
+        offsets = np.arange(0, 32 * len(bodies) + 1, 32, dtype=np.int32)
+        return pa.StringArray.from_buffers(len(bodies), pa.py_buffer(offsets), pa.py_buffer(hexed))
 
     def fingerprint(self, text: str) -> str:
         """Return the request fingerprint of ``text`` (the same for every custom_id)."""

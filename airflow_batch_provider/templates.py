@@ -8,6 +8,10 @@ through ``str.format_map``. Both paths give exactly ``template.format(**row)`` f
 Python values: only string and integer columns are cast by Arrow (whose text equals ``str()``);
 every other type is converted with Python's ``str`` so floats, booleans and dates match too.
 
+:meth:`PromptTemplate.render_json` gives each prompt as a JSON string literal (what
+``orjson.dumps(prompt)`` writes) for the request lines: on the fast path the literal pieces are
+escaped once and only the column values are escaped per batch, with :func:`json_escape`.
+
 Row problems (nulls in a referenced column, blank prompts) are collected across the whole table
 in a :class:`RowProblems` so the error can give the first row numbers and the total count.
 """
@@ -17,9 +21,11 @@ from __future__ import annotations
 import string
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -48,6 +54,61 @@ def to_string_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     if _casts_exactly(values.type):
         return pc.cast(values, pa.string())
     return pa.array([None if v is None else str(v) for v in values.to_pylist()], type=pa.string())
+
+
+def concat(*parts: pa.Array | str) -> pa.Array:
+    """Return the row-wise concatenation of string arrays and literal strings as ``large_string``.
+
+    ``large_string`` because a batch of long documents can exceed the 2 GiB that 32-bit offsets
+    address. A row with a null in any part is null.
+    """
+    pieces = [pa.scalar(p, pa.large_string()) if isinstance(p, str) else p.cast(pa.large_string()) for p in parts]
+    return pc.binary_join_element_wise(*pieces, pa.scalar("", pa.large_string()), null_handling="emit_null")
+
+
+# The ASCII bytes orjson escapes (control characters, '"' and '\\'), each with its escape sequence.
+_JSON_ESCAPES = {c: orjson.dumps(chr(c))[1:-1] for c in range(128) if orjson.dumps(chr(c)) != b'"%c"' % c}
+_JSON_GROWTH = np.zeros(256, dtype=np.int64)  # bytes an escape adds
+for _byte, _escape in _JSON_ESCAPES.items():
+    _JSON_GROWTH[_byte] = len(_escape) - 1
+
+
+def json_escape(values: pa.Array) -> pa.Array:
+    """Return each string escaped for a JSON string literal (no quotes), byte for byte as orjson does it.
+
+    Vectorised: numpy finds the bytes to escape in the array's data buffer, ``bytes.replace``
+    rewrites it once per kind of escape present, and the offsets grow by the bytes each row
+    gained. UTF-8 continuation bytes are all >= 0x80, so no multi-byte character is touched.
+    Nulls come back as empty strings.
+    """
+    values = values.cast(pa.large_string())
+    if values.null_count:
+        values = pc.fill_null(values, "")
+    count = len(values)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64)[values.offset : values.offset + count + 1]
+    data_buffer = values.buffers()[2]
+    data = np.frombuffer(data_buffer if data_buffer is not None else b"", dtype=np.uint8)[offsets[0] : offsets[-1]]
+    special = np.flatnonzero((data < 0x20) | (data == 0x22) | (data == 0x5C))
+    if not special.size:
+        return values
+    codes = data[special]
+    escaped = data.tobytes()
+    for code in sorted(np.unique(codes).tolist(), key=lambda c: c != 0x5C):  # backslash first: the others add one
+        escaped = escaped.replace(bytes([code]), _JSON_ESCAPES[code])
+    grown = np.concatenate(([0], np.cumsum(_JSON_GROWTH[codes])))  # grown[k]: bytes added by the first k escapes
+    start = offsets - offsets[0]
+    new_offsets = start + grown[np.searchsorted(special, start)]
+    return pa.LargeStringArray.from_buffers(count, pa.py_buffer(new_offsets), pa.py_buffer(escaped))
+
+
+def json_strings(values: pa.Array) -> pa.Array:
+    """Return each string as a JSON string literal, byte for byte what ``orjson.dumps`` writes."""
+    return concat('"', json_escape(values), '"')
+
+
+def _is_blank(texts: pa.Array) -> pa.Array:
+    """Return, per string, whether it is empty or only whitespace (null stays null)."""
+    return pc.or_(pc.equal(pc.binary_length(texts), 0), pc.utf8_is_space(texts))
 
 
 @dataclass
@@ -173,12 +234,33 @@ class PromptTemplate:
     def render_batch(
         self, batch: pa.RecordBatch, *, offset: int = 0, problems: RowProblems | None = None, fast: bool | None = None
     ) -> list[str]:
-        """Return one prompt per row of ``batch``.
+        """Return one prompt per row of ``batch`` as Python strings (see :meth:`render_array`)."""
+        texts: list[str] = self.render_array(batch, offset=offset, problems=problems, fast=fast).to_pylist()
+        return texts
+
+    def render_array(
+        self, batch: pa.RecordBatch, *, offset: int = 0, problems: RowProblems | None = None, fast: bool | None = None
+    ) -> pa.Array:
+        """Return one prompt per row of ``batch`` as an Arrow string array without nulls.
 
         Rows with a null in a referenced column or a blank prompt are recorded in ``problems``
         (positions are ``offset`` + row index) and come back as ``""``. Without ``problems`` the
         first such batch raises InvalidInputError at once. ``fast`` forces a path (tests).
         """
+        return self._render(batch, offset, problems, fast, as_json=False)
+
+    def render_json(
+        self, batch: pa.RecordBatch, *, offset: int = 0, problems: RowProblems | None = None, fast: bool | None = None
+    ) -> pa.Array:
+        """Return one prompt per row as a JSON string literal, byte for byte ``orjson.dumps(prompt)``.
+
+        Validates exactly like :meth:`render_array`; a row with a null comes back as ``'""'``.
+        """
+        return self._render(batch, offset, problems, fast, as_json=True)
+
+    def _render(
+        self, batch: pa.RecordBatch, offset: int, problems: RowProblems | None, fast: bool | None, as_json: bool
+    ) -> pa.Array:
         own = problems is None
         found = RowProblems() if problems is None else problems
         null_mask: pa.Array | None = None
@@ -196,7 +278,9 @@ class PromptTemplate:
         if use_fast and not self.fast_path:
             raise ValueError("this template needs the per-row path (it has format specs or conversions)")
         if use_fast:
-            rendered = self._render_fast(batch)
+            columns = {name: to_string_array(batch.column(name)) for name in self.fields}
+            blank = self._blank_fast(columns)
+            rendered = self._join_json(columns) if as_json else self._join(columns)
         else:
             rendered, failed, first_error = self._render_rows(batch, null_mask)
             if failed:
@@ -205,30 +289,66 @@ class PromptTemplate:
                     np.asarray(failed, dtype=np.int64) + offset,
                     advice=f"First error: {first_error}. Fix the format spec or the column's values.",
                 )
-        blank = pc.or_(pc.equal(pc.binary_length(rendered), 0), pc.utf8_is_space(rendered))
-        if null_mask is not None:
-            blank = pc.and_(blank, pc.invert(null_mask))
-        blank = pc.fill_null(blank, False)
-        if pc.any(blank).as_py():
-            found.add(
-                "empty or whitespace-only prompt",
-                np.asarray(pc.indices_nonzero(blank)) + offset,
-                advice="Fill or filter the rows whose template columns are empty.",
-            )
+            blank = _is_blank(rendered)
+            if as_json:
+                rendered = json_strings(pc.fill_null(rendered, ""))
+        if blank is not None:
+            if null_mask is not None:
+                blank = pc.and_(blank, pc.invert(null_mask))
+            blank = pc.fill_null(blank, False)
+            if pc.any(blank).as_py():
+                found.add(
+                    "empty or whitespace-only prompt",
+                    np.asarray(pc.indices_nonzero(blank)) + offset,
+                    advice="Fill or filter the rows whose template columns are empty.",
+                )
         if own:
             found.raise_if_any()
-        texts: list[str] = pc.fill_null(rendered, "").to_pylist()
-        return texts
+        if as_json and null_mask is not None:  # json_escape turned nulls into "": mark those rows the same way
+            return pc.if_else(null_mask, pa.scalar('""', pa.large_string()), rendered)
+        return pc.fill_null(rendered, "") if rendered.null_count else rendered
 
-    def _render_fast(self, batch: pa.RecordBatch) -> pa.Array:
-        columns = {name: to_string_array(batch.column(name)) for name in self.fields}
-        parts: list[Any] = []
+    @cached_property
+    def _blank_literals(self) -> bool:
+        """Return True when every literal piece is whitespace (lazily: DAG parsing builds no arrays)."""
+        literals = [literal for literal, _ in self._pieces if literal]
+        return not literals or bool(pc.all(_is_blank(pa.array(literals, pa.string()))).as_py())
+
+    def _blank_fast(self, columns: Mapping[str, pa.Array]) -> pa.Array | None:
+        """Return which prompts are blank without rendering them (None: no prompt can be).
+
+        A prompt is blank when every character is whitespace, so it is blank exactly when every
+        piece is: a literal that is not makes every prompt non-blank, the usual case.
+        """
+        if not self._blank_literals:
+            return None
+        blank: pa.Array | None = None
+        for name in self.fields:
+            column_blank = _is_blank(columns[name])
+            blank = column_blank if blank is None else pc.and_(blank, column_blank)
+        return blank
+
+    def _join(self, columns: Mapping[str, pa.Array]) -> pa.Array:
+        parts: list[pa.Array | str] = []
         for literal, name in self._pieces:
             if literal:
-                parts.append(pa.scalar(literal, pa.string()))
+                parts.append(literal)
             if name is not None:
                 parts.append(columns[name])
-        return pc.binary_join_element_wise(*parts, "", null_handling="emit_null")
+        return concat(*parts)
+
+    def _join_json(self, columns: Mapping[str, pa.Array]) -> pa.Array:
+        # Literal pieces are escaped once here, merged with the quotes that open and close the string.
+        parts: list[pa.Array | str] = []
+        pending = '"'
+        for literal, name in self._pieces:
+            pending += orjson.dumps(literal).decode()[1:-1]
+            if name is not None:
+                if pending:
+                    parts.append(pending)
+                parts.append(json_escape(columns[name]))
+                pending = ""
+        return concat(*parts, pending + '"')
 
     def _render_rows(self, batch: pa.RecordBatch, null_mask: pa.Array | None) -> tuple[pa.Array, list[int], str]:
         """Render row by row; return the prompts, the rows format_map rejected and the first error."""

@@ -15,10 +15,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_batch_provider import chunks, tables
 from airflow_batch_provider.chunks import (
     CHUNKS_DIR,
     MANIFEST_NAME,
     build_chunks,
+    check_map_length,
     derive_custom_id,
     write_chunks,
 )
@@ -527,3 +529,102 @@ def test_integer_id_column_is_cast_to_text(tmp_path: Path) -> None:
     table = pa.table({"id": [10, 20], "title": ["a", "b"], "description": ["c", "d"]})
     descriptors = write_chunks(save(table, tmp_path / "in.parquet"), tmp_path / "job", OPENAI, TEMPLATE, id_column="id")
     assert [line["custom_id"] for line in read_lines(descriptors)] == ["10", "20"]
+
+
+# ------------------------------------------------------------------------------ speed and scale
+
+
+TRICKY = ["plain", 'quote " and \\ backslash', "nl\n tab\t cr\r bs\b ff\f", "nul \x00 \x01 \x1f", "é 😀 \u2028 \x7f"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "id_column"),
+    [
+        pytest.param(OPENAI, "product_id", id="openai-id-column"),
+        pytest.param(OPENAI, None, id="openai-hashed-ids"),
+        pytest.param(ANTHROPIC, "product_id", id="anthropic-derived-ids"),
+    ],
+)
+def test_chunk_files_equal_the_per_row_renderer_byte_for_byte(
+    tmp_path: Path, spec: RequestSpec, id_column: str | None
+) -> None:
+    """The batch path (Arrow-built lines, escaped like orjson) writes exactly what render_many would."""
+    n = 230
+    table = (
+        products(n)
+        .set_column(1, "title", pa.array([f"{TRICKY[i % len(TRICKY)]} {i}" for i in range(n)]))
+        .set_column(0, "product_id", pa.array([f"p {i} é" if i % 3 else f"p{i}" for i in range(n)]))
+    )
+    source = save(table, tmp_path / "in.parquet")
+    descriptors = write_chunks(
+        source, tmp_path / "job", spec, TEMPLATE, id_column=id_column, chunk_size=60, batch_rows=37
+    )
+    rows = pa.concat_tables([pq.read_table(d["rows_path"]) for d in descriptors])
+    texts = [TEMPLATE.format(**row) for row in table.to_pylist()]
+    lines, fingerprints = renderer_for(spec).render_many(rows.column("custom_id").to_pylist(), texts)
+    written = b"".join(Path(d["requests_path"]).read_bytes() for d in descriptors)
+    assert written == b"".join(line + b"\n" for line in lines)
+    assert rows.column("request_fingerprint").to_pylist() == fingerprints
+
+
+def test_table_reading_lives_in_tables_and_stays_importable_from_chunks() -> None:
+    assert chunks.TableReader is tables.TableReader
+    assert (chunks.CUSTOM_ID, chunks.FINGERPRINT, chunks.DEFAULT_BATCH_ROWS) == (
+        tables.CUSTOM_ID,
+        tables.FINGERPRINT,
+        tables.DEFAULT_BATCH_ROWS,
+    )
+
+
+def test_a_failed_chunk_file_fails_the_job_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunk files are written by a background thread; its error must reach the caller."""
+    real = chunks._write_chunk_files
+    calls: list[Any] = []
+
+    def fail_on_the_second(*args: Any) -> str:
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError("disk full (test)")
+        return real(*args)
+
+    monkeypatch.setattr(chunks, "_write_chunk_files", fail_on_the_second)
+    job = tmp_path / "job"
+    with pytest.raises(OSError, match="disk full"):
+        write_chunks(save(products(100), tmp_path / "in.parquet"), job, OPENAI, TEMPLATE, chunk_size=10)
+    assert leftovers(job) == []
+
+
+@pytest.mark.parametrize(
+    ("num_chunks", "num_rows", "fragments", "absent"),
+    [
+        pytest.param(1000, 10_000_000, [], [], id="at-the-limit"),
+        pytest.param(
+            1001,
+            10_010_000,
+            [
+                "1,001 chunks of up to 10,000",
+                "max_map_length = 1,000",
+                "MAX_MAP_LENGTH to at least 1,001",
+                "chunk_size to at least 10,010 (at most 50,000 for openai)",
+            ],
+            [],
+            id="over-raise-either",
+        ),
+        pytest.param(
+            2000, 100_000_000, ["MAX_MAP_LENGTH to at least 2,000"], ["chunk_size to at least"], id="over-config-only"
+        ),
+    ],
+)
+def test_check_map_length(
+    monkeypatch: pytest.MonkeyPatch, num_chunks: int, num_rows: int, fragments: list[str], absent: list[str]
+) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "1000")
+    if not fragments:
+        check_map_length(num_chunks, num_rows=num_rows, chunk_size=10_000, provider="openai")
+        return
+    with pytest.raises(ChunkLimitError) as info:
+        check_map_length(num_chunks, num_rows=num_rows, chunk_size=10_000, provider="openai")
+    for fragment in fragments:
+        assert fragment in str(info.value)
+    for fragment in absent:
+        assert fragment not in str(info.value)

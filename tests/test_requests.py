@@ -6,6 +6,7 @@ import hashlib
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pydantic
 import pytest
 
@@ -18,6 +19,7 @@ from airflow_batch_provider.requests import (
     request_fingerprint,
     strict_json_schema,
 )
+from airflow_batch_provider.templates import json_strings
 
 TRICKY_TEXTS = [
     "plain",
@@ -144,6 +146,32 @@ def test_render_many_matches_render_and_fingerprints(spec_id: str) -> None:
         )
         assert fingerprint == renderer.fingerprint(text)
         assert len(fingerprint) == 32 and int(fingerprint, 16) >= 0
+
+
+@pytest.mark.parametrize("spec_id", list(SPECS))
+def test_render_arrays_is_byte_identical_to_render_many(spec_id: str) -> None:
+    """The Arrow path gives the same lines (plus newlines, in one buffer) and fingerprints as the per-row path."""
+    renderer = renderer_for(SPECS[spec_id])
+    ids = ["row-1", 'id with "quotes" \\ é', "\x00nul", "a" * 512, "😀", "tab\tid", "", "z"]
+    rendered = renderer.render_arrays(pa.array(ids), json_strings(pa.array(TRICKY_TEXTS)))
+    lines, fingerprints = renderer.render_many(ids, TRICKY_TEXTS)
+    assert rendered.data(0, len(ids)).tobytes() == b"".join(line + b"\n" for line in lines)
+    assert rendered.data(2, 5).tobytes() == b"".join(line + b"\n" for line in lines[2:5])
+    assert rendered.sizes.tolist() == [len(line) + 1 for line in lines]
+    assert rendered.fingerprints.to_pylist() == fingerprints
+
+
+def test_render_arrays_handles_sliced_and_empty_batches() -> None:
+    renderer = renderer_for(SPECS["openai-chat"])
+    ids, texts = pa.array(["skip", "a", "b", "skip"]), pa.array(["x", 'say "hi"', "ok\n", "y"])
+    sliced = renderer.render_arrays(ids.slice(1, 2), json_strings(texts.slice(1, 2)))
+    lines, fingerprints = renderer.render_many(["a", "b"], ['say "hi"', "ok\n"])
+    assert sliced.data(0, 2).tobytes() == b"".join(line + b"\n" for line in lines)
+    assert sliced.fingerprints.to_pylist() == fingerprints
+    empty = renderer.render_arrays(pa.array([], pa.string()), json_strings(pa.array([], pa.string())))
+    assert len(empty) == 0 and empty.data(0, 0).tobytes() == b""
+    with pytest.raises(ValueError, match="2 custom ids but 1 texts"):
+        renderer.render_arrays(pa.array(["a", "b"]), json_strings(pa.array(["x"])))
 
 
 def test_fingerprint_ignores_the_id_but_not_the_request() -> None:

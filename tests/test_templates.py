@@ -6,11 +6,18 @@ import datetime as dt
 from decimal import Decimal
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pytest
 
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.templates import PromptTemplate, RowProblems, to_string_array
+from airflow_batch_provider.templates import (
+    PromptTemplate,
+    RowProblems,
+    json_escape,
+    json_strings,
+    to_string_array,
+)
 
 
 @pytest.mark.parametrize(
@@ -141,3 +148,68 @@ def test_row_problems_name_the_first_20_and_count_all() -> None:
 
 def test_render_row() -> None:
     assert PromptTemplate("{a}-{b}").render_row({"a": 1, "b": "x"}) == "1-x"
+
+
+ESCAPE_CASES = [
+    "",
+    "plain ascii",
+    'quote " backslash \\ slash /',
+    "\\n is not a newline, \\\\ is two backslashes",
+    "newline\ncarriage\rtab\tbackspace\bformfeed\f",
+    "rare controls \x00 \x01 \x07 \x0b \x0e \x1b \x1f and DEL \x7f",
+    "unicode é ñ 中文 😀 \u2028 \u2029 \ufeff",
+    "".join(chr(c) for c in range(128)),
+    "x" * 5_000 + '"' + "y" * 5_000,
+]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(pa.array(ESCAPE_CASES), id="string"),
+        pytest.param(pa.array(ESCAPE_CASES, pa.large_string()), id="large-string"),
+        pytest.param(pa.array(["skip", *ESCAPE_CASES, "skip"]).slice(1, len(ESCAPE_CASES)), id="sliced"),
+        pytest.param(pa.array(["no", "escapes", "here"]), id="nothing-to-escape"),
+        pytest.param(pa.array([], pa.string()), id="empty"),
+    ],
+)
+def test_json_strings_match_orjson_byte_for_byte(values: pa.Array) -> None:
+    expected = [orjson.dumps(text).decode() for text in values.to_pylist()]
+    assert json_strings(values).to_pylist() == expected
+    assert json_escape(values).to_pylist() == [text[1:-1] for text in expected]
+
+
+def test_json_escape_turns_nulls_into_empty_strings() -> None:
+    assert json_escape(pa.array(["a\n", None, '"'])).to_pylist() == ["a\\n", "", '\\"']
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "per-row"])
+def test_render_json_is_orjson_of_render_array(fast: bool) -> None:
+    batch = pa.record_batch({"title": ESCAPE_CASES[1:], "n": list(range(len(ESCAPE_CASES) - 1))})
+    template = PromptTemplate('Say "{title}"\n#{n}\t{title}')
+    texts = template.render_array(batch, fast=fast).to_pylist()
+    assert template.render_json(batch, fast=fast).to_pylist() == [orjson.dumps(t).decode() for t in texts]
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{title}{note}", "  {title}\n{note}\t", "Classify: {title} {note}"],
+    ids=["only-fields", "blank-literals", "text-literal"],
+)
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "per-row"])
+def test_render_json_records_the_same_problems_as_render_array(template: str, fast: bool) -> None:
+    """The JSON path decides blank prompts from the pieces; it must agree with rendering them."""
+    batch = pa.record_batch(
+        {"title": ["ok", None, "  ", "", "\u3000", None, "x"], "note": ["", "", " \n\t", "", "", "x", "\u2003"]}
+    )
+    prompt = PromptTemplate(template)
+    as_text, as_json = RowProblems(), RowProblems()
+    texts = prompt.render_array(batch, offset=5, problems=as_text, fast=fast).to_pylist()
+    rendered = prompt.render_json(batch, offset=5, problems=as_json, fast=fast).to_pylist()
+    assert as_json.message() == as_text.message()
+    assert as_json.rows == as_text.rows
+    nulls = {1, 5}
+    assert [r for i, r in enumerate(rendered) if i in nulls] == ['""', '""']
+    assert [r for i, r in enumerate(rendered) if i not in nulls] == [
+        orjson.dumps(t).decode() for i, t in enumerate(texts) if i not in nulls
+    ]

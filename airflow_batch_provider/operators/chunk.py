@@ -16,6 +16,7 @@ from airflow_batch_provider.chunks import (
     build_chunks,
     check_byte_cap,
     check_chunk_size,
+    check_map_length,
 )
 from airflow_batch_provider.cost import (
     CostEstimate,
@@ -93,6 +94,7 @@ class ChunkOperator(BaseOperator):
         turn numbers into strings.
     :param response_schema: JSON Schema dict or pydantic model class for structured output.
     :param chunk_size: requests per chunk, 1 … 50,000 (OpenAI) / 100,000 (Anthropic).
+        A job may have at most ``[core] max_map_length`` chunks (1,024 by default; see docs/performance.md).
     :param byte_cap: bytes per chunk file; default: the provider's safe cap.
     :param columns: source columns to keep in the rows files (template and id columns always are).
     :param max_cost_usd: fail before anything is uploaded when the estimated batch cost exceeds this
@@ -231,6 +233,8 @@ class ChunkOperator(BaseOperator):
                 f"{skipped.rows:,}",
                 f"{skipped.sent:,}",
             )
+        # Before anything is estimated or uploaded: Airflow could not map the next step over them.
+        check_map_length(len(descriptors), num_rows=result.num_rows, chunk_size=self.chunk_size, provider=spec.provider)
         estimate = self._estimate_cost(context, spec, descriptors)
         rate = result.num_rows / result.seconds if result.seconds > 0 else 0.0
         summary = [

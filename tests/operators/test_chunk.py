@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk import DAG
 
-from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.operators.chunk import ChunkOperator, sanitise_path_part
 
 PROMPT = "Classify this product: {title}\nAnswer with {{one}} label."
@@ -135,3 +135,20 @@ def test_templated_provider_is_checked_once_rendered(tmp_path) -> None:
     op.provider = "openai"  # what rendering "{{ params.provider }}" would give
     with pytest.raises(InvalidInputError, match=r"80,?000"):
         op._spec("gpt-4o-mini", None)
+
+
+def test_more_chunks_than_max_map_length_fail_before_anything_is_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Airflow maps at most [core] max_map_length items: 30 rows in chunks of 10 need a limit of 3."""
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "2")
+    op = _operator(source=_table(tmp_path, 30), job_dir=str(tmp_path / "job"), id_column="product_id", chunk_size=10)
+    with pytest.raises(ChunkLimitError) as info:
+        op.execute({})  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "3 chunks of up to 10 requests" in message
+    assert "max_map_length = 2" in message
+    assert "AIRFLOW__CORE__MAX_MAP_LENGTH to at least 3" in message
+    assert "increase chunk_size to at least 15" in message
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "3")
+    assert len(op.execute({})) == 3  # type: ignore[arg-type]

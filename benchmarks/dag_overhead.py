@@ -1,0 +1,243 @@
+"""Run the example DAG end to end on the emulator and measure Airflow's overhead per chunk.
+
+Method (``airflow dags test``, which runs every task in-process, one at a time):
+
+- ``run_s``: the DAG run's duration (``dag_run.start_date`` → ``end_date`` in the metadata DB).
+- ``work_s``: the time spent inside the operators' ``execute`` (and, for a deferred sensor,
+  ``execute_complete``), summed over every task instance. It is read from the task-runner
+  markers in the log: a task's work starts at the first ``::endgroup::`` after ``[DAG TEST]
+  running task`` (the end of pre-execute: context, template rendering) and ends at
+  ``::group::Post Execute`` (before the XCom push and the state update). Waiting for the
+  emulator to finish a batch inside the sensor counts as work (the provider's time).
+- ``overhead_s = run_s - work_s``: everything Airflow adds — starting each task instance,
+  rendering, XCom, state updates, and ``dags test``'s own scheduling loop between tasks.
+- ``overhead_per_chunk_s = overhead_s / chunks``: all of that, shared out over the chunks (each
+  chunk is one mapped ``submit`` and one mapped ``wait`` task instance). It includes the costs
+  paid once per run (the first task instance starts the in-process execution API and imports
+  the task's modules, which takes seconds), so it falls as the chunk count grows.
+- ``marginal_per_chunk_s``: only what each chunk adds: the mapped task instances' time outside
+  execute plus the gap before each; ``marginal_per_task_s`` per mapped task instance.
+  ``fixed_overhead_s`` is the rest (once per run, and the four unmapped tasks).
+
+As a cross-check it also reports ``ti_overhead_s``: ``run_s`` minus the task instances'
+durations in the DB (only the gaps between tasks), and the process wall time of
+``airflow dags test`` (which adds CLI start-up and DAG parsing, paid once per run). A sensor
+that defers has its trigger run in line between two executes (``[DAG TEST] running trigger in
+line`` … ``Trigger completed``); that time counts as work (the provider's time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from benchmarks.data import BENCH_DIR, REPO
+
+DAG_ID = "nightly_product_classification"
+_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+) map_index=(-?\d+)")
+_END = re.compile(r"\[DAG TEST\] end task task_id=(\S+) map_index=(-?\d+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _timestamp(line: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(line.split(" ", 1)[0])
+    except ValueError:
+        return None
+
+
+@dataclass
+class TaskRun:
+    """One task instance in the ``dags test`` log, from ``[DAG TEST] starting`` to ``end task``."""
+
+    task_id: str
+    map_index: int
+    started: datetime
+    ended: datetime | None = None
+    execute_s: float = 0.0  # inside execute (twice for a sensor that deferred and resumed)
+    trigger_s: float = 0.0  # a deferred sensor's trigger, run in line: the provider's time
+    has_markers: bool = False
+
+
+def task_runs(log_lines: Iterable[str]) -> list[TaskRun]:
+    """Return the task instances of a ``dags test`` log in order, with their execute and trigger seconds."""
+    runs: list[TaskRun] = []
+    current: TaskRun | None = None
+    attempt = False  # between "[DAG TEST] running task" and its "::group::Post Execute"
+    begun: datetime | None = None
+    for raw in log_lines:
+        line = _ANSI.sub("", raw)
+        stamp = _timestamp(line)
+        if stamp is None:
+            continue
+        if match := _START.search(line):
+            current = TaskRun(match.group(1), int(match.group(2)), stamp)
+            runs.append(current)
+        elif current is None:
+            continue
+        elif "[DAG TEST] running task" in line:
+            attempt, begun = True, None
+        elif "::endgroup::" in line and attempt and begun is None:  # end of pre-execute
+            begun = stamp
+        elif "::group::Post Execute" in line and begun is not None:  # also logged when a task defers
+            current.execute_s += (stamp - begun).total_seconds()
+            current.has_markers, attempt, begun = True, False, None
+        elif "[DAG TEST] running trigger in line" in line:
+            begun = stamp
+        elif "[DAG TEST] Trigger completed" in line and begun is not None:
+            current.trigger_s += (stamp - begun).total_seconds()
+            begun = None
+        elif _END.search(line):
+            current.ended, current = stamp, None
+    return runs
+
+
+def execute_seconds(log_lines: Iterable[str]) -> dict[tuple[str, int], float]:
+    """Return, per (task_id, map_index), the seconds spent in execute according to the task-runner markers."""
+    return {(r.task_id, r.map_index): r.execute_s for r in task_runs(log_lines) if r.has_markers}
+
+
+def overhead(run_s: float, task_instances: list[dict[str, Any]], runs: list[TaskRun]) -> dict[str, Any]:
+    """Return the overhead figures for one DAG run (see the module docstring)."""
+    by_key = {(r.task_id, r.map_index): r for r in runs if r.has_markers}
+    work = 0.0
+    for ti in task_instances:
+        run = by_key.get((ti["task_id"], ti["map_index"]))
+        work += run.execute_s + run.trigger_s if run else ti["duration"] or 0.0
+    # What each chunk adds: its mapped task instances' time outside execute, and the gap before each.
+    marginal = 0.0
+    previous_end: datetime | None = None
+    for run in runs:
+        if run.map_index >= 0 and run.ended is not None and run.has_markers:
+            gap = (run.started - previous_end).total_seconds() if previous_end else 0.0
+            marginal += gap + (run.ended - run.started).total_seconds() - run.execute_s - run.trigger_s
+        previous_end = run.ended or previous_end
+    mapped = [ti for ti in task_instances if ti["map_index"] >= 0]
+    chunks = len({ti["map_index"] for ti in mapped}) or 1
+    spent = run_s - work
+    return {
+        "run_s": round(run_s, 2),
+        "work_s": round(work, 2),
+        "overhead_s": round(spent, 2),
+        "chunks": chunks,
+        "mapped_task_instances": len(mapped),
+        "task_instances": len(task_instances),
+        "work_from_log_markers": len(by_key),
+        "overhead_per_chunk_s": round(spent / chunks, 3),
+        "marginal_per_chunk_s": round(marginal / chunks, 3),
+        "marginal_per_task_s": round(marginal / max(len(mapped), 1), 3),
+        "fixed_overhead_s": round(spent - marginal, 2),
+        "ti_overhead_s": round(run_s - sum(ti["duration"] or 0.0 for ti in task_instances), 2),
+    }
+
+
+def _read_run(db: Path) -> tuple[float, list[dict[str, Any]]]:
+    """Return (run duration, its task instances) of the DAG's latest run."""
+    with sqlite3.connect(db) as conn:
+        run_id, start, end = conn.execute(
+            "SELECT run_id, start_date, end_date FROM dag_run WHERE dag_id = ? ORDER BY start_date DESC LIMIT 1",
+            (DAG_ID,),
+        ).fetchone()
+        rows = conn.execute(
+            "SELECT task_id, map_index, duration, state FROM task_instance WHERE dag_id = ? AND run_id = ?",
+            (DAG_ID, run_id),
+        ).fetchall()
+    run_s = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    return run_s, [{"task_id": t, "map_index": m, "duration": d, "state": s} for t, m, d, s in rows]
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags"),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
+        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
+        AIRFLOW_BATCH_WORK_DIR=str(BENCH_DIR / "dag-jobs"),
+        BATCH_DEMO_DATA_DIR=str(BENCH_DIR / "dag-data"),
+        PYTHONUNBUFFERED="1",
+    )
+    for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        env.pop(key, None)
+    return env
+
+
+def _start_emulator(env: dict[str, str], run_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+    port_file = run_dir / "emulator.port"
+    port_file.unlink(missing_ok=True)
+    cmd = [
+        sys.executable, "-m", "airflow_batch_provider.emulator", "--host", "127.0.0.1", "--port", "0",
+        "--port-file", str(port_file), "--latency", "0.05", "--quiet",
+    ]  # fmt: skip
+    with (run_dir / "emulator.log").open("wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            return proc, int(port_file.read_text())
+        if proc.poll() is not None:
+            raise RuntimeError(f"the emulator exited early; see {run_dir / 'emulator.log'}")
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    raise RuntimeError("the emulator did not start within 60 s")
+
+
+def run_dag(rows: int) -> dict[str, Any]:
+    """Run the example DAG on ``rows`` synthetic products against the emulator; return its timings."""
+    home = BENCH_DIR / "airflow"
+    run_dir = BENCH_DIR / "dag-run"
+    for folder in (home, run_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(BENCH_DIR / "dag-jobs", ignore_errors=True)  # chunk files of earlier runs (~0.5 KB a row)
+    env = _env(home)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    subprocess.run(
+        [airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    emulator, port = _start_emulator(env, run_dir)
+    log_path = run_dir / "dags-test.log"
+    try:
+        env["AIRFLOW_CONN_OPENAI_BATCH_DEFAULT"] = json.dumps(
+            {"conn_type": "openai_batch", "host": f"http://127.0.0.1:{port}/v1", "password": "emulator-key"}
+        )
+        conf = {
+            "rows": rows,
+            "data_dir": str(BENCH_DIR / "dag-data"),
+            "output_dir": str(BENCH_DIR / "dag-output"),
+            "poll_interval": 0.5,
+        }
+        started = time.monotonic()
+        with log_path.open("wb") as log:
+            result = subprocess.run(
+                [airflow, "dags", "test", DAG_ID, "-c", json.dumps(conf)], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        wall_s = time.monotonic() - started
+    finally:
+        os.killpg(emulator.pid, signal.SIGTERM)
+        emulator.wait(timeout=30)
+    if result.returncode != 0:
+        raise RuntimeError(f"airflow dags test failed (exit code {result.returncode}); see {log_path}")
+    run_s, task_instances = _read_run(home / "airflow.db")
+    with log_path.open(encoding="utf-8", errors="replace") as log_lines:
+        runs = task_runs(log_lines)
+    deferred = sum(1 for run in runs if run.trigger_s)
+    return {
+        "rows": rows,
+        "wall_s": round(wall_s, 2),
+        "deferrals": deferred,
+        "log": str(log_path),
+        **overhead(run_s, task_instances, runs),
+    }

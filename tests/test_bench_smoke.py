@@ -1,0 +1,146 @@
+"""``make bench``'s code paths on a tiny table: they run and agree with each other (no timings asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pyarrow.parquet as pq
+import pytest
+
+from benchmarks import data, measure, run
+from benchmarks.dag_overhead import execute_seconds, overhead, task_runs
+
+ROWS = 2_500
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return data.write_products(ROWS, tmp_path_factory.mktemp("bench"))
+
+
+def test_synthetic_table_is_deterministic_with_unique_ids(table: Path) -> None:
+    products = pq.read_table(table)
+    assert products.num_rows == ROWS
+    assert products.column_names == ["product_id", "title", "description", "price"]
+    assert len(set(products.column("product_id").to_pylist())) == ROWS
+    assert data.products_table(50).equals(data.products_table(50))
+
+
+def test_chunk_and_merge_paths_agree(table: Path, tmp_path: Path) -> None:
+    """Project and reference write the same request bytes and merge the same number of rows."""
+    job = tmp_path / "job"
+    project = measure.run("chunk_project", {"table": str(table), "job_dir": str(job)})
+    reference = measure.run("chunk_reference", {"table": str(table), "out_file": str(tmp_path / "ref.jsonl")})
+    assert project["rows"] == reference["rows"] == ROWS
+    manifest = orjson.loads((job / "chunks" / "manifest.json").read_bytes())
+    written = b"".join(Path(d["requests_path"]).read_bytes() for d in manifest)
+    assert written == (tmp_path / "ref.jsonl").read_bytes()
+
+    outputs = [str(p) for p in data.write_outputs(manifest, tmp_path / "outputs")]
+    assert data.write_outputs(manifest, tmp_path / "outputs") == [Path(p) for p in outputs]  # cached
+    first = Path(outputs[0]).read_bytes().splitlines()
+    assert len(first) == manifest[0]["num_requests"]
+    assert [orjson.loads(line)["custom_id"] for line in first[:3]] != ["p-000000000", "p-000000001", "p-000000002"]
+
+    merged = tmp_path / "merged"
+    merge_project = measure.run("merge_project", {"job_dir": str(job), "outputs": outputs, "output_dir": str(merged)})
+    merge_reference = measure.run(
+        "merge_reference", {"job_dir": str(job), "outputs": outputs, "output_file": str(tmp_path / "merged.parquet")}
+    )
+    assert merge_project["rows"] == merge_reference["rows"] == ROWS
+    parts = pq.read_table(merged)
+    assert parts.num_rows == ROWS
+    assert set(parts.column("status").to_pylist()) == {"succeeded"}
+    for result in (project, reference, merge_project, merge_reference):
+        assert result["seconds"] > 0 and result["peak_rss_mb"] > 0 and result["bytes"] > 0
+
+
+def test_a_path_runs_in_its_own_process(table: Path, tmp_path: Path) -> None:
+    arguments = {"table": str(table), "out_file": str(tmp_path / "ref.jsonl")}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.measure", "chunk_reference", json.dumps(arguments)],
+        cwd=data.REPO,
+        capture_output=True,
+        check=True,
+    )
+    result = json.loads(done.stdout)
+    assert result["path"] == "chunk_reference" and result["rows"] == ROWS
+
+
+def _result(stage: str, kind: str, size: int, rows_per_s: float, rss: float, ratio: float | None) -> dict[str, Any]:
+    result = {"stage": stage, "kind": kind, "size": size, "seconds": size / rows_per_s, "rows_per_s": rows_per_s}
+    result |= {"mb_per_s": 1.0, "peak_rss_mb": rss}
+    return result if ratio is None else {**result, "ratio": ratio}
+
+
+def test_table_and_summary_line() -> None:
+    results = [
+        _result("chunk", "reference", 1_000_000, 100_000, 200, None),
+        _result("chunk", "project", 1_000_000, 150_000, 400, 1.5),
+        _result("merge", "project", 1_000_000, 120_000, 300, 1.2),
+        _result("merge", "project", 5_000_000, 110_000, 330, 1.1),
+        _result("chunk", "project", 5_000_000, 140_000, 420, 1.4),
+    ]
+    dag = {
+        "rows": 500_000, "chunks": 50, "task_instances": 103, "wall_s": 90.0, "run_s": 80.0, "work_s": 70.0,
+        "overhead_s": 10.0, "overhead_per_chunk_s": 0.2, "marginal_per_chunk_s": 0.1, "marginal_per_task_s": 0.05,
+        "fixed_overhead_s": 5.0, "ti_overhead_s": 3.0, "deferrals": 0,
+    }  # fmt: skip
+    table = run.format_table(results, dag)
+    assert "1,000,000" in table and "150,000" in table and "overhead per chunk 0.200 s" in table
+    assert run.summary_line(results, dag) == (
+        "bench: chunk_ratio=1.40 merge_ratio=1.10 rss_1m_mb=300 rss_5m_mb=330 overhead_per_chunk_s=0.200"
+    )
+    assert run.summary_line(results, None).endswith("overhead_per_chunk_s=nan")
+    assert run._sizes("5000000,1_000_000") == [1_000_000, 5_000_000]
+
+
+LOG = """\
+2026-01-01T00:00:00.000000Z [info] [DAG TEST] starting task_id=submit map_index=0 [dag]
+2026-01-01T00:00:00.100000Z [info] [DAG TEST] running task <TaskInstance: d.submit map_index=0> [dag]
+2026-01-01T00:00:00.300000Z [info] ::endgroup:: [task]
+2026-01-01T00:00:01.300000Z [info] ::group::Post Execute [task]
+2026-01-01T00:00:01.400000Z [info] ::endgroup:: [task]
+2026-01-01T00:00:01.500000Z [info] [DAG TEST] end task task_id=submit map_index=0 [dag]
+2026-01-01T00:00:02.000000Z [info] [DAG TEST] starting task_id=wait map_index=0 [dag]
+2026-01-01T00:00:02.050000Z [info] [DAG TEST] running task <TaskInstance: d.wait map_index=0> [dag]
+2026-01-01T00:00:02.200000Z [info] ::endgroup:: [task]
+2026-01-01T00:00:02.700000Z [info] ::group::Post Execute [task]
+2026-01-01T00:00:02.750000Z [info] Pausing task as DEFERRED. [task]
+2026-01-01T00:00:02.800000Z [info] [DAG TEST] running trigger in line [dag]
+2026-01-01T00:00:04.000000Z [info] [DAG TEST] Trigger completed [dag]
+2026-01-01T00:00:04.050000Z [info] [DAG TEST] running task <TaskInstance: d.wait map_index=0> [dag]
+2026-01-01T00:00:04.100000Z [info] ::endgroup:: [task]
+2026-01-01T00:00:04.350000Z [info] ::group::Post Execute [task]
+2026-01-01T00:00:04.400000Z [info] ::endgroup:: [task]
+2026-01-01T00:00:04.500000Z [info] [DAG TEST] end task task_id=wait map_index=0 [dag]
+"""
+
+
+def test_overhead_is_run_time_minus_time_inside_execute() -> None:
+    runs = task_runs(LOG.splitlines())
+    assert [(r.task_id, r.map_index) for r in runs] == [("submit", 0), ("wait", 0)]
+    assert execute_seconds(LOG.splitlines()) == pytest.approx({("submit", 0): 1.0, ("wait", 0): 0.75})
+    assert runs[1].trigger_s == pytest.approx(1.2)
+    task_instances = [
+        {"task_id": "chunk", "map_index": -1, "duration": 2.0},  # no markers in the log: its DB duration counts
+        {"task_id": "submit", "map_index": 0, "duration": 1.3},
+        {"task_id": "wait", "map_index": 0, "duration": 2.4},
+    ]
+    figures = overhead(10.0, task_instances, runs)
+    # work: chunk 2.0 (DB) + submit 1.0 + wait 0.75 in execute + 1.2 in its trigger
+    assert figures["work_s"] == pytest.approx(4.95)
+    assert figures["overhead_s"] == pytest.approx(5.05)
+    assert figures["chunks"] == 1 and figures["mapped_task_instances"] == 2
+    assert figures["overhead_per_chunk_s"] == pytest.approx(5.05)
+    # marginal: submit 1.5 - 1.0; wait 0.5 gap + 2.5 - 0.75 - 1.2
+    assert figures["marginal_per_chunk_s"] == pytest.approx(1.55)
+    assert figures["marginal_per_task_s"] == pytest.approx(0.775)
+    assert figures["fixed_overhead_s"] == pytest.approx(3.5)
+    assert figures["work_from_log_markers"] == 2
+    assert figures["ti_overhead_s"] == pytest.approx(4.3)
