@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
+from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.storage import atomic_write, to_path
 
 log = logging.getLogger(__name__)
@@ -128,25 +128,22 @@ def apply_skip_unchanged(
     return out, SkipStats(rows=rows_total, carried=carried_total)
 
 
-def read_carried(carry_path: str) -> dict[str, tuple[ResultRecord, str]]:
-    """Return the carried results of one chunk: custom_id → (result record, original batch id)."""
+def read_carried(carry_path: str) -> pa.Table:
+    """Return the carried results of one chunk: a result table plus ``batch_id`` (the batch that answered).
+
+    Carried rows succeeded before (HTTP 200); the columns follow
+    :func:`~airflow_batch_provider.result_table.result_schema`.
+    """
     with to_path(carry_path).open("rb") as handle:
         table = pq.read_table(handle)
-    carried: dict[str, tuple[ResultRecord, str]] = {}
-    for row in table.to_pylist():
-        record: ResultRecord = {
-            "custom_id": row["custom_id"],
-            "status": row["status"],
-            "response": row["response"],
-            "finish_reason": row["finish_reason"],
-            "error": row["error"],
-            "error_code": None,
-            "http_status": 200,
-            "input_tokens": row["input_tokens"],
-            "output_tokens": row["output_tokens"],
-        }
-        carried[row["custom_id"]] = (record, row["batch_id"])
-    return carried
+    count = table.num_rows
+    columns = {name: table.column(name) for name in ("custom_id", "status", "response", "finish_reason", "error")}
+    columns["error_code"] = pa.chunked_array([pa.nulls(count, pa.string())])
+    columns["http_status"] = pa.chunked_array([pa.repeat(pa.scalar(200, pa.int64()), count)])
+    for name in ("input_tokens", "output_tokens"):
+        columns[name] = table.column(name).cast(pa.int64())
+    columns["batch_id"] = table.column("batch_id")
+    return pa.table(columns)
 
 
 def carried_summary(stats: SkipStats) -> list[tuple[str, Any]]:

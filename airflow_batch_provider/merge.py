@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_batch_provider.cost import cost_rows
@@ -30,6 +31,7 @@ from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.incremental import read_carried
 from airflow_batch_provider.line_retry import describe_failure, read_custom_ids, retry_path
+from airflow_batch_provider.result_table import EMBEDDING, TEXT, concat_results, records_to_table, result_schema
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.storage import atomic_write, join, to_path
 from airflow_batch_provider.structured import OutputValidator
@@ -122,109 +124,171 @@ class MergeStats:
         }
 
 
-def collect_results(records: Iterable[ResultRecord]) -> dict[str, ResultRecord]:
-    """Index results by custom_id; when one id appears twice, keep the most useful result."""
-    by_id: dict[str, ResultRecord] = {}
-    for rec in records:
-        old = by_id.get(rec["custom_id"])
-        if old is None or _PREFERENCE[rec["status"]] < _PREFERENCE[old["status"]]:
-            by_id[rec["custom_id"]] = rec
-    return by_id
+@dataclass
+class ChunkResults:
+    """Every result a chunk's attempts returned, ranked, plus who was sent again.
+
+    ``results`` has the result columns (:data:`~airflow_batch_provider.result_table.RESULT_FIELDS`)
+    plus ``batch_id`` and ``attempt`` (0 = carried over by ``skip_unchanged``, 1 = first batch,
+    2+ = follow-ups), ordered so that the first row for a custom_id is the one to keep: the
+    latest attempt, then the most useful status (succeeded before invalid_output, errored,
+    expired, canceled), then file order. ``resent`` lists the custom_ids of each follow-up's
+    requests file, latest attempt first, with ``attempt`` and ``batch_id``: a row sent again
+    but not answered keeps its earlier result yet counts the attempt.
+    """
+
+    results: pa.Table
+    resent: pa.Table
+
+    @classmethod
+    def from_records(cls, records: Iterable[ResultRecord], batch_id: str, endpoint: str = "") -> ChunkResults:
+        """Return the results of one batch (first attempt) given as records, e.g. in tests."""
+        table = _tagged(records_to_table(records, _response_type(endpoint)), batch_id, 1)
+        return cls(rank_results(table), _no_resent())
+
+
+def rank_results(results: pa.Table) -> pa.Table:
+    """Order ``results`` so that the result to keep for each custom_id is its first row (a stable sort)."""
+    if results.num_rows < 2:
+        return results
+    ranked = pa.array(list(_PREFERENCE), type=pa.string())  # the most useful status first
+    usefulness = pc.index_in(results.column("status"), value_set=ranked)
+    keys = results.append_column("_usefulness", usefulness)
+    order = pc.sort_indices(keys, sort_keys=[("attempt", "descending"), ("_usefulness", "ascending")])
+    return results.take(order)
 
 
 def _response_type(endpoint: str) -> pa.DataType:
-    return pa.list_(pa.float32()) if endpoint == "/v1/embeddings" else pa.string()
+    return EMBEDDING if endpoint == "/v1/embeddings" else TEXT
+
+
+def _first(rows: pa.ChunkedArray, values: pa.Table) -> tuple[pa.Array, pa.Table]:
+    """Return (position in ``values`` of each row's first match or null, those rows of ``values``)."""
+    where = pc.index_in(rows, value_set=values.column("custom_id"))
+    return where, values.take(where)
+
+
+def _count(mask: pa.Array) -> int:
+    return int(pc.sum(pc.cast(pc.fill_null(mask, False), pa.int64())).as_py() or 0)
+
+
+def _total(values: pa.Array, mask: pa.Array | None = None) -> int:
+    if mask is not None:
+        values = values.filter(pc.fill_null(mask, False))
+    return int(pc.sum(values).as_py() or 0)
 
 
 def join_results(
     rows: pa.Table,
-    results: dict[str, ResultRecord],
+    chunk: ChunkResults,
     batch_id: str,
     endpoint: str,
     validator: OutputValidator | None = None,
-    *,
-    batch_ids: Mapping[str, str] | None = None,
-    attempts: Mapping[str, int] | None = None,
 ) -> tuple[pa.Table, MergeStats]:
     """Return ``rows`` with the result columns appended, one output row per input row.
 
-    With a ``validator`` (structured output), each succeeded answer is parsed and checked:
-    its fields become columns, and an answer that does not validate turns the row's status
-    into ``invalid_output`` with the reason in ``error``. ``batch_ids`` names, per custom_id,
-    the batch a kept result came from (default ``batch_id``); ``attempts`` how many batches
-    carried the row (default 1).
+    Each row takes the first result of its custom_id in ``chunk.results`` (see
+    :class:`ChunkResults`); a row with none is ``missing``. ``batch_id`` names the batch of a
+    row that no batch answered and no follow-up resent. With a ``validator`` (structured
+    output), each succeeded answer is parsed and checked: its fields become columns, and an
+    answer that does not validate turns the row's status into ``invalid_output`` with the
+    reason in ``error``.
     """
-    ids = rows.column("custom_id").to_pylist()
-    parsed: dict[str, list[Any]] = {col: [] for col, _ in validator.columns.values()} if validator else {}
-    stats = MergeStats(rows=len(ids), chunks=1)
-    batch_ids = batch_ids or {}
-    attempts = attempts or {}
-    columns: dict[str, list[Any]] = {name: [] for name in RESULT_COLUMNS}
-    for custom_id in ids:
-        rec = results.get(custom_id)
-        row_batch = batch_ids.get(custom_id, batch_id)
-        tries = attempts.get(custom_id, 1)
-        values = None
-        if rec is None:
-            rec = {
-                "custom_id": custom_id,
-                "status": "missing",
-                "response": None,
-                "finish_reason": None,
-                "error": f"no result line for this custom_id in batch {row_batch}",
-                "error_code": None,
-                "http_status": None,
-                "input_tokens": None,
-                "output_tokens": None,
-            }
-        elif validator is not None and rec["status"] == "succeeded":
-            values, reason = validator.parse(rec["response"])
-            if values is None:
-                rec = {**rec, "status": "invalid_output", "error": reason, "error_code": "schema"}
-        status = rec["status"]
-        columns["status"].append(status)
-        columns["response"].append(rec["response"])
-        columns["finish_reason"].append(rec["finish_reason"])
-        columns["error"].append(rec["error"])
-        columns["input_tokens"].append(rec["input_tokens"])
-        columns["output_tokens"].append(rec["output_tokens"])
-        columns["batch_id"].append(row_batch)
-        columns["attempts"].append(tries)
-        stats.input_tokens += rec["input_tokens"] or 0
-        stats.output_tokens += rec["output_tokens"] or 0
-        if tries > 0:  # sent in this run (0: a carried, unchanged row)
-            stats.new_input_tokens += rec["input_tokens"] or 0
-            stats.new_output_tokens += rec["output_tokens"] or 0
-        if status != "succeeded":
-            stats.errors[describe_failure(rec)] += 1
-        if tries > 1:
-            stats.retried_rows += 1
-            stats.recovered_rows += status == "succeeded"
-        for col in parsed:
-            parsed[col].append(values.get(col) if values else None)
-    stats.statuses.update(columns["status"])
-    stats.unmatched_results = len(results.keys() - set(ids))
-    types = {
-        "status": pa.string(),
-        "response": _response_type(endpoint),
-        "finish_reason": pa.string(),
-        "error": pa.string(),
-        "input_tokens": pa.int64(),
-        "output_tokens": pa.int64(),
-        "batch_id": pa.string(),
-        "attempts": pa.int32(),
-    }
-    table = rows
     for name in RESULT_COLUMNS:
-        if name in table.column_names:  # a source column of the same name would be ambiguous
+        if name in rows.column_names:  # a source column of the same name would be ambiguous
             raise ResultsError(
                 f"The source table has a column named {name!r}, which the merged output uses; rename it."
             )
-        table = table.append_column(name, pa.array(columns[name], type=types[name]))
+    ids = rows.column("custom_id")
+    where, kept = _first(ids, chunk.results)
+    _, resent = _first(ids, chunk.resent)
+    answered = pc.is_valid(where)
+    row_batch = pc.coalesce(kept.column("batch_id"), resent.column("batch_id"), pa.scalar(batch_id))
+    tries = pc.coalesce(
+        pc.max_element_wise(kept.column("attempt"), resent.column("attempt"), skip_nulls=True),
+        pa.scalar(1, pa.int32()),
+    )
+    missing_error = pc.binary_join_element_wise("no result line for this custom_id in batch ", row_batch, "")
+    columns: dict[str, Any] = {
+        "status": pc.coalesce(kept.column("status"), pa.scalar("missing")),
+        "response": kept.column("response"),
+        "finish_reason": kept.column("finish_reason"),
+        "error": pc.if_else(answered, kept.column("error"), missing_error),
+        "input_tokens": kept.column("input_tokens"),
+        "output_tokens": kept.column("output_tokens"),
+        "batch_id": row_batch,
+        "attempts": pc.cast(tries, pa.int32()),
+    }
+    error_code = kept.column("error_code")
+    parsed: dict[str, pa.Array] = {}
     if validator is not None:
-        for col, dtype in validator.columns.values():
-            table = table.append_column(col, pa.array(parsed[col], type=dtype))
+        columns["status"], columns["error"], error_code, parsed = _validate(
+            validator, columns["status"], columns["response"], columns["error"], error_code
+        )
+    table = rows
+    for name in RESULT_COLUMNS:
+        table = table.append_column(name, columns[name])
+    for name, values in parsed.items():
+        table = table.append_column(name, values)
+    stats = _stats(table, error_code, kept.column("http_status"), chunk.results, ids)
     return table, stats
+
+
+def _validate(
+    validator: OutputValidator, status: pa.Array, response: pa.Array, error: pa.Array, error_code: pa.Array
+) -> tuple[pa.Array, pa.Array, pa.Array, dict[str, pa.Array]]:
+    """Parse and check every succeeded answer: return the new status, error, error_code and parsed columns."""
+    statuses, answers = status.to_pylist(), response.to_pylist()
+    errors, codes = error.to_pylist(), error_code.to_pylist()
+    parsed: dict[str, list[Any]] = {col: [None] * len(statuses) for col, _ in validator.columns.values()}
+    for i, current in enumerate(statuses):
+        if current != "succeeded":
+            continue
+        values, reason = validator.parse(answers[i])
+        if values is None:
+            statuses[i], errors[i], codes[i] = "invalid_output", reason, "schema"
+            continue
+        for col in parsed:
+            parsed[col][i] = values.get(col)
+    types = dict(validator.columns.values())
+    return (
+        pa.array(statuses, pa.string()),
+        pa.array(errors, pa.string()),
+        pa.array(codes, pa.string()),
+        {col: pa.array(values, type=types[col]) for col, values in parsed.items()},
+    )
+
+
+def _stats(
+    table: pa.Table, error_code: pa.Array, http_status: pa.Array, results: pa.Table, ids: pa.ChunkedArray
+) -> MergeStats:
+    """Count one merged chunk: statuses, tokens (all, and this run's), retries and failures."""
+    status, tries = table.column("status"), table.column("attempts")
+    stats = MergeStats(rows=table.num_rows, chunks=1)
+    counts = pc.value_counts(status)
+    stats.statuses.update(dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist())))
+    sent_now = pc.greater(tries, 0)  # 0: a carried, unchanged row
+    stats.input_tokens = _total(table.column("input_tokens"))
+    stats.output_tokens = _total(table.column("output_tokens"))
+    stats.new_input_tokens = _total(table.column("input_tokens"), sent_now)
+    stats.new_output_tokens = _total(table.column("output_tokens"), sent_now)
+    retried = pc.greater(tries, 1)
+    stats.retried_rows = _count(retried)
+    stats.recovered_rows = _count(pc.and_(retried, pc.equal(status, "succeeded")))
+    failed = pc.not_equal(status, "succeeded")
+    if _count(failed):
+        details = pa.table(
+            {
+                "status": status,
+                "error": table.column("error"),
+                "error_code": error_code,
+                "http_status": http_status,
+            }
+        ).filter(failed)
+        stats.errors.update(describe_failure(rec) for rec in details.to_pylist())
+    answered_ids = pc.unique(results.column("custom_id"))
+    stats.unmatched_results = len(answered_ids) - _count(pc.is_in(answered_ids, value_set=ids))
+    return stats
 
 
 def chunk_attempts(batch: Mapping[str, Any]) -> list[BatchState]:
@@ -233,31 +297,32 @@ def chunk_attempts(batch: Mapping[str, Any]) -> list[BatchState]:
     return [BatchState.from_dict(s) for s in states]
 
 
-def collect_attempts(
-    hook: BatchHook, batch: Mapping[str, Any]
-) -> tuple[dict[str, ResultRecord], dict[str, str], dict[str, int]]:
-    """Read every attempt's results in order; the last result per custom_id wins.
+def _tagged(table: pa.Table, batch_id: str, attempt: int) -> pa.Table:
+    count = table.num_rows
+    if "batch_id" not in table.column_names:
+        table = table.append_column("batch_id", pa.repeat(pa.scalar(batch_id, pa.string()), count))
+    return table.append_column("attempt", pa.repeat(pa.scalar(attempt, pa.int32()), count))
 
-    Return (results, batch id of each kept result, number of batches that carried each id).
+
+def collect_attempts(hook: BatchHook | None, batch: Mapping[str, Any], endpoint: str = "") -> ChunkResults:
+    """Read every attempt's results (and the carried ones) of a chunk, ranked; see :class:`ChunkResults`.
+
     Follow-up requests files that are gone only make ``attempts`` count from the results.
     """
-    results: dict[str, ResultRecord] = {}
-    batch_of: dict[str, str] = {}
-    tries: dict[str, int] = {}
+    response_type = _response_type(endpoint or batch.get("endpoint", ""))
+    schema = result_schema(response_type)
+    parts: list[pa.Table] = []
+    resent: list[pa.Table] = []
     if batch.get("carry_path"):  # unchanged rows (skip_unchanged): stored results, not sent this run
-        for custom_id, (record, stored_batch) in read_carried(batch["carry_path"]).items():
-            results[custom_id] = record
-            batch_of[custom_id] = stored_batch
-            tries[custom_id] = 0
+        carried = read_carried(batch["carry_path"])
+        parts.append(_tagged(carried.cast(schema.append(pa.field("batch_id", pa.string()))), "", 0))
     for number, state in enumerate(chunk_attempts(batch), 1):
+        assert hook is not None, "a chunk with attempts needs a hook to read them"
         try:
-            found = collect_results(hook.iter_results(state))
+            found = concat_results(list(hook.iter_result_tables(state, response_type)), response_type)
         except ResultsError as exc:
             raise ResultsError(f"{batch['label']}: results of batch {state.batch_id} are unreadable: {exc}") from exc
-        for custom_id, record in found.items():
-            results[custom_id] = record
-            batch_of[custom_id] = state.batch_id
-            tries[custom_id] = number
+        parts.append(_tagged(found, state.batch_id, number))
         if number > 1:
             path = retry_path(batch["job_dir"], batch["chunk_index"], number)
             try:
@@ -265,11 +330,13 @@ def collect_attempts(
             except FileNotFoundError:
                 log.warning("%s: %s is gone; attempts are counted from the results alone", batch["label"], path)
                 continue
-            for custom_id in sent:  # a row sent again but not answered keeps its earlier result
-                tries[custom_id] = number
-                if custom_id not in results:
-                    batch_of[custom_id] = state.batch_id
-    return results, batch_of, tries
+            resent.insert(0, _tagged(pa.table({"custom_id": pa.array(sent, pa.string())}), state.batch_id, number))
+    results = pa.concat_tables(parts) if parts else _tagged(schema.empty_table(), "", 0)
+    return ChunkResults(rank_results(results), pa.concat_tables(resent) if resent else _no_resent())
+
+
+def _no_resent() -> pa.Table:
+    return _tagged(pa.table({"custom_id": pa.array([], pa.string())}), "", 0)
 
 
 def merge_chunk(
@@ -282,15 +349,13 @@ def merge_chunk(
     """
     state = batch.get("state")
     first_batch_id = str(state["batch_id"]) if state else ""
-    results, batch_of, tries = collect_attempts(hook, batch)
+    chunk = collect_attempts(hook, batch)
     with to_path(batch["rows_path"]).open("rb") as handle:
-        rows = pq.read_table(handle)
+        rows = pq.ParquetFile(handle).read()
     validator = None
     if batch.get("schema_path"):
         validator = OutputValidator.from_file(batch["schema_path"], set(rows.column_names) | set(RESULT_COLUMNS))
-    table, stats = join_results(
-        rows, results, first_batch_id, batch["endpoint"], validator, batch_ids=batch_of, attempts=tries
-    )
+    table, stats = join_results(rows, chunk, first_batch_id, batch["endpoint"], validator)
     stats.requests_sent = batch["num_requests"]
     stats.carried_rows = int(batch.get("num_carried", 0))
     if stats.unmatched_results:

@@ -47,8 +47,8 @@ def test_unchanged_rows_are_carried_and_dropped_from_the_chunk(tmp_path):
     assert sent == ["b", "c", "d"]  # b changed, c failed before, d is new
     assert new["num_requests"] == 3 and new["num_carried"] == 1 and new["fingerprint"] != chunk["fingerprint"]
     assert "1 unchanged" in new["label"]
-    carried = read_carried(new["carry_path"])
-    assert list(carried) == ["a"] and carried["a"][0]["response"] == "old answer" and carried["a"][1] == "batch_old"
+    (carried,) = read_carried(new["carry_path"]).to_pylist()
+    assert carried["custom_id"] == "a" and carried["response"] == "old answer" and carried["batch_id"] == "batch_old"
 
 
 def test_nothing_to_compare_leaves_chunks_alone(tmp_path):
@@ -62,8 +62,12 @@ def test_merge_puts_carried_rows_back_with_attempts_zero(tmp_path):
     chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1", "b": "f2"})
     (new,), _ = apply_skip_unchanged([chunk], load_previous(str(tmp_path / "out")))
     assert new["num_requests"] == 0
-    results, batch_of, tries = collect_attempts(None, {**new, "batch_id": "", "state": None})  # no batch: no hook call
-    assert set(results) == {"a", "b"} and batch_of == {"a": "batch_old", "b": "batch_old"} and tries == {"a": 0, "b": 0}
+    chunk = collect_attempts(None, {**new, "batch_id": "", "state": None})  # no batch: no hook call
+    kept = chunk.results.select(["custom_id", "batch_id", "attempt"]).to_pylist()
+    assert sorted(kept, key=lambda r: r["custom_id"]) == [
+        {"custom_id": "a", "batch_id": "batch_old", "attempt": 0},
+        {"custom_id": "b", "batch_id": "batch_old", "attempt": 0},
+    ]
 
 
 def test_chunk_operator_needs_previous_output(tmp_path):

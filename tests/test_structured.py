@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_batch_provider.merge import join_results
+from airflow_batch_provider.merge import ChunkResults, join_results
 from airflow_batch_provider.structured import OutputValidator
 
 SCHEMA = {
@@ -62,7 +62,8 @@ def test_join_writes_parsed_columns_and_invalid_output_rows():
         "b": _rec("b", "succeeded", '{"label": "nope", "confidence": 0.5}'),
         "c": {**_rec("c", "errored", None), "error": "HTTP 500"},
     }
-    table, stats = join_results(rows, results, "batch_1", "/v1/chat/completions", OutputValidator(SCHEMA))
+    chunk = ChunkResults.from_records(results.values(), "batch_1")
+    table, stats = join_results(rows, chunk, "batch_1", "/v1/chat/completions", OutputValidator(SCHEMA))
     out = {r["custom_id"]: r for r in table.to_pylist()}
     assert out["a"]["status"] == "succeeded" and out["a"]["label"] == "books" and out["a"]["confidence"] == 0.5
     assert out["a"]["tags"] == '["x","y"]'  # arrays and objects are kept as JSON text

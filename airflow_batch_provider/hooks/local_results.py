@@ -20,7 +20,7 @@ import hashlib
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
@@ -31,6 +31,9 @@ from airflow_batch_provider.limits import OPENAI_LIMITS, ProviderLimits
 from airflow_batch_provider.results import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.storage import atomic_write, join, to_path
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 RESULTS_DIR = "results"
 META_VERSION = 1
@@ -316,6 +319,16 @@ class LocalResultsHook(BatchHook):
             if path:
                 for line in iter_lines(path):
                     yield parse_openai_line(line)
+
+    def iter_result_tables(self, state: BatchState, response_type: pa.DataType) -> Iterator[pa.Table]:
+        """Yield the output file's results (then the error file's) as Arrow tables, read in 16 MB blocks."""
+        from airflow_batch_provider.result_table import openai_result_table, read_blocks
+
+        for path in (state.output_file_id, state.error_file_id):
+            if path:
+                with to_path(path).open("rb") as handle:
+                    for block in read_blocks(handle):
+                        yield openai_result_table(block, response_type)
 
 
 class VLLMResultsHook(LocalResultsHook):

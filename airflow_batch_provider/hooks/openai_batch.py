@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from functools import cached_property
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx2
 import openai
@@ -26,6 +26,9 @@ from airflow_batch_provider.retry import RetryPolicy, acall_with_retries, call_w
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.storage import to_path
 from airflow_batch_provider.token_budget import tokens_from_metadata
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 IDEMPOTENCY_METADATA_KEY = "airflow_idempotency_key"
 
@@ -295,6 +298,15 @@ class OpenAIBatchHook(BatchHook):
             if file_id:
                 for line in self.iter_file_lines(file_id):
                     yield parse_openai_line(line)
+
+    def iter_result_tables(self, state: BatchState, response_type: pa.DataType) -> Iterator[pa.Table]:
+        """Yield the output file's results, then the error file's, as Arrow tables of up to 65,536 lines."""
+        from airflow_batch_provider.result_table import join_lines, openai_result_table
+
+        for file_id in (state.output_file_id, state.error_file_id):
+            if file_id:
+                for block in join_lines(self.iter_file_lines(file_id)):
+                    yield openai_result_table(block, response_type)
 
     def iter_failed_results(self, state: BatchState) -> Iterator[ResultRecord]:
         """Yield the results of the lines that did not succeed, read from the error file alone.
