@@ -12,8 +12,11 @@ every other type is converted with Python's ``str`` so floats, booleans and date
 ``orjson.dumps(prompt)`` writes) for the request lines: on the fast path the literal pieces are
 escaped once and only the column values are escaped per batch, with :func:`json_escape`.
 
-Row problems (nulls in a referenced column, blank prompts) are collected across the whole table
-in a :class:`RowProblems` so the error can give the first row numbers and the total count.
+Row problems (nulls in a referenced column, blank prompts, rows whose every template value is
+blank) are collected across the whole table in a :class:`RowProblems` so the error can give the
+first row numbers and the total count. A blank value is fine as long as another template column
+of the row has text: ``""`` is how a table says "no description", so only a row that would send
+nothing but the template's own text is refused.
 """
 
 from __future__ import annotations
@@ -109,6 +112,32 @@ def json_strings(values: pa.Array) -> pa.Array:
 def _is_blank(texts: pa.Array) -> pa.Array:
     """Return, per string, whether it is empty or only whitespace (null stays null)."""
     return pc.or_(pc.equal(pc.binary_length(texts), 0), pc.utf8_is_space(texts))
+
+
+def _is_text(arrow_type: pa.DataType) -> bool:
+    """Return True for the types whose values can be blank text (``str()`` of any other value never is)."""
+    if pa.types.is_dictionary(arrow_type):
+        return _is_text(arrow_type.value_type)
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type)
+
+
+_BLANK_ADVICE = "Fill or filter the rows whose template columns are empty."
+_BLANK_VALUES_ADVICE = (
+    "Fill or filter those rows: their prompt would be only the template's own text, the same for each of them."
+)
+
+
+def _add_rows(
+    found: RowProblems, rows: pa.Array | None, null_mask: pa.Array | None, offset: int, *, kind: str, advice: str
+) -> None:
+    """Record the rows set in the boolean array ``rows`` (None: none) as ``kind``, except rows with a null."""
+    if rows is None:
+        return
+    if null_mask is not None:
+        rows = pc.and_(rows, pc.invert(null_mask))
+    rows = pc.fill_null(rows, False)
+    if pc.any(rows).as_py():
+        found.add(kind, np.asarray(pc.indices_nonzero(rows)) + offset, advice=advice)
 
 
 @dataclass
@@ -277,9 +306,12 @@ class PromptTemplate:
         use_fast = self.fast_path if fast is None else fast
         if use_fast and not self.fast_path:
             raise ValueError("this template needs the per-row path (it has format specs or conversions)")
+        blank_values: pa.Array | None  # rows whose every template value is blank (None: no row)
         if use_fast:
             columns = {name: to_string_array(batch.column(name)) for name in self.fields}
-            blank = self._blank_fast(columns)
+            # A prompt is blank exactly when every piece is: with blank literals, blank values make a blank prompt.
+            values_blank = self._blank_values(batch, columns)
+            blank, blank_values = (values_blank, None) if self._blank_literals else (None, values_blank)
             rendered = self._join_json(columns) if as_json else self._join(columns)
         else:
             rendered, failed, first_error = self._render_rows(batch, null_mask)
@@ -290,18 +322,13 @@ class PromptTemplate:
                     advice=f"First error: {first_error}. Fix the format spec or the column's values.",
                 )
             blank = _is_blank(rendered)
+            blank_values = self._blank_values(batch)
+            if blank_values is not None:  # a blank prompt is reported as such, not twice
+                blank_values = pc.and_kleene(blank_values, pc.invert(pc.fill_null(blank, False)))
             if as_json:
                 rendered = json_strings(pc.fill_null(rendered, ""))
-        if blank is not None:
-            if null_mask is not None:
-                blank = pc.and_(blank, pc.invert(null_mask))
-            blank = pc.fill_null(blank, False)
-            if pc.any(blank).as_py():
-                found.add(
-                    "empty or whitespace-only prompt",
-                    np.asarray(pc.indices_nonzero(blank)) + offset,
-                    advice="Fill or filter the rows whose template columns are empty.",
-                )
+        _add_rows(found, blank, null_mask, offset, kind="empty or whitespace-only prompt", advice=_BLANK_ADVICE)
+        _add_rows(found, blank_values, null_mask, offset, kind=self._blank_values_kind, advice=_BLANK_VALUES_ADVICE)
         if own:
             found.raise_if_any()
         if as_json and null_mask is not None:  # json_escape turned nulls into "": mark those rows the same way
@@ -314,18 +341,28 @@ class PromptTemplate:
         literals = [literal for literal, _ in self._pieces if literal]
         return not literals or bool(pc.all(_is_blank(pa.array(literals, pa.string()))).as_py())
 
-    def _blank_fast(self, columns: Mapping[str, pa.Array]) -> pa.Array | None:
-        """Return which prompts are blank without rendering them (None: no prompt can be).
+    @cached_property
+    def _blank_values_kind(self) -> str:
+        if len(self.fields) == 1:
+            return f"empty or whitespace-only value in column {self.fields[0]!r}"
+        return f"empty or whitespace-only value in every template column {list(self.fields)}"
 
-        A prompt is blank when every character is whitespace, so it is blank exactly when every
-        piece is: a literal that is not makes every prompt non-blank, the usual case.
+    def _blank_values(self, batch: pa.RecordBatch, columns: Mapping[str, pa.Array] | None = None) -> pa.Array | None:
+        """Return which rows have an empty or whitespace-only value in every template column.
+
+        None when no row of the batch has (the usual case: the first column with text in every
+        row ends the check). ``columns`` are the fields as text when already computed. Nulls
+        stay null.
         """
-        if not self._blank_literals:
-            return None
         blank: pa.Array | None = None
         for name in self.fields:
-            column_blank = _is_blank(columns[name])
+            column = batch.column(name)
+            if not _is_text(column.type):
+                return None  # numbers, dates... never render as blank text
+            column_blank = _is_blank(columns[name] if columns is not None else to_string_array(column))
             blank = column_blank if blank is None else pc.and_(blank, column_blank)
+            if not pc.any(blank).as_py():
+                return None
         return blank
 
     def _join(self, columns: Mapping[str, pa.Array]) -> pa.Array:

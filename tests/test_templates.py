@@ -213,3 +213,42 @@ def test_render_json_records_the_same_problems_as_render_array(template: str, fa
     assert [r for i, r in enumerate(rendered) if i not in nulls] == [
         orjson.dumps(t).decode() for i, t in enumerate(texts) if i not in nulls
     ]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "per-row"])
+def test_rows_whose_every_value_is_blank_are_named(fast: bool) -> None:
+    """A template with text of its own is never blank, but a row with no text of its own is refused."""
+    batch = pa.record_batch(
+        {"title": ["ok", "  ", "", None, "\u3000", "", "x"], "note": ["", "\n", "", "", "note", "\t", ""]}
+    )
+    problems = RowProblems()
+    PromptTemplate("Classify: {title}\n{note}").render_json(batch, offset=10, problems=problems, fast=fast)
+    message = problems.message()
+    assert (
+        "empty or whitespace-only value in every template column ['title', 'note']: 3 row(s) at position 11, 12, 15."
+        in message
+    )
+    assert "Fill or filter those rows" in message and "null in column 'title'" in message
+    assert problems.rows == [11, 12, 13, 15]  # row 13 is named for its null only
+    assert "empty or whitespace-only prompt" not in message
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "per-row"])
+def test_one_column_template_names_the_column_with_the_blank_value(fast: bool) -> None:
+    batch = pa.record_batch({"title": pa.array(["kettle", " ", "lamp"]).dictionary_encode()})
+    with pytest.raises(InvalidInputError, match="empty or whitespace-only value in column 'title': 1 row\\(s\\) at"):
+        PromptTemplate("Classify this product: {title}").render_batch(batch, fast=fast)
+
+
+def test_a_column_that_is_not_text_is_never_blank() -> None:
+    batch = pa.record_batch({"title": ["", " "], "price": [0, 1], "when": [dt.date(2024, 1, 1)] * 2})
+    assert PromptTemplate("{title}: {price}").render_batch(batch) == [": 0", " : 1"]
+    assert PromptTemplate("{title!s:>4} on {when}").render_batch(batch) == ["     on 2024-01-01"] * 2
+
+
+def test_a_blank_prompt_is_not_also_reported_as_blank_values() -> None:
+    batch = pa.record_batch({"title": ["ok", " ", ""]})
+    problems = RowProblems()
+    PromptTemplate("{title!s:>2}").render_batch(batch, problems=problems)
+    assert problems.message().count("row(s)") == 1
+    assert "empty or whitespace-only prompt: 2 row(s) at position 1, 2." in problems.message()
