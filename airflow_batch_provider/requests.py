@@ -32,6 +32,7 @@ import pyarrow as pa
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.limits import ProviderLimits, limits_for
 from airflow_batch_provider.templates import concat, json_escape
+from airflow_batch_provider.validation import check_model_endpoint
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
@@ -104,7 +105,9 @@ class RequestSpec:
     dict or a pydantic model class) asks for structured output: OpenAI gets a strict
     ``json_schema`` response format, Anthropic a forced tool call. It is normalised into
     :attr:`json_schema` and :attr:`schema_name`. Invalid combinations raise InvalidInputError
-    on construction.
+    on construction, including a model whose name says it cannot serve the endpoint (an
+    embedding model on chat, a chat model on embeddings; see
+    :func:`~airflow_batch_provider.validation.check_model_endpoint`).
     """
 
     provider: str
@@ -142,6 +145,7 @@ class RequestSpec:
             self._check_openai_params()
         else:
             self._check_anthropic_params()
+        check_model_endpoint(self.model, endpoint)
 
     @property
     def limits(self) -> ProviderLimits:

@@ -197,18 +197,16 @@ def test_an_endpoint_the_provider_does_not_have(emulator, tmp_path, provider, en
         _chunk_then_submit(source, tmp_path / "job", provider=provider, endpoint=endpoint, model=model)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="chunks.py/requests.py: a model that cannot serve the endpoint (text-embedding-3-small on "
-    "/v1/chat/completions, gpt-4o-mini on /v1/embeddings) is accepted and only fails at the provider",
-)
 @pytest.mark.parametrize(
-    ("endpoint", "model"),
-    [("/v1/chat/completions", "text-embedding-3-small"), ("/v1/embeddings", "gpt-4o-mini")],
+    ("endpoint", "model", "message"),
+    [
+        ("/v1/chat/completions", "text-embedding-3-small", "is an embedding model .* Use endpoint='/v1/embeddings'"),
+        ("/v1/embeddings", "gpt-4o-mini", "is a chat model and cannot serve /v1/embeddings. Use an embedding model"),
+    ],
     ids=["embedding-model-on-chat", "chat-model-on-embeddings"],
 )
-def test_a_model_that_cannot_serve_the_endpoint(openai_conn, tmp_path, endpoint, model):
+def test_a_model_that_cannot_serve_the_endpoint(emulator, tmp_path, endpoint, model, message):
     source = _parquet(tmp_path / "p.parquet", id=[1], title=["a"])
-    error = _error_of(source, tmp_path / "job", endpoint=endpoint, model=model)
-    assert isinstance(error, InvalidInputError), f"{model} on {endpoint} was submitted"
+    with pytest.raises(InvalidInputError, match=f"Model '{model}' {message}"):
+        _chunk_then_submit(source, tmp_path / "job", endpoint=endpoint, model=model)
+    assert not (tmp_path / "job").exists()

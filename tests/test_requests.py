@@ -316,3 +316,45 @@ def test_renderer_classes_check_the_provider() -> None:
     assert isinstance(renderer_for(SPECS["anthropic"]), AnthropicRenderer)
     with pytest.raises(InvalidInputError, match="anthropic"):
         OpenAIRenderer(SPECS["anthropic"])
+
+
+@pytest.mark.parametrize(
+    ("provider", "endpoint", "model"),
+    [
+        ("openai", "/v1/chat/completions", "ft:gpt-4o-mini-2024-07-18:acme::abc123"),
+        ("openai", "/v1/chat/completions", "meta-llama/Llama-3.1-8B-Instruct"),
+        ("openai", "/v1/chat/completions", "o3-mini"),
+        ("openai", "/v1/completions", "gpt-3.5-turbo-instruct"),
+        ("openai", "/v1/embeddings", "text-embedding-3-large"),
+        ("openai", "/v1/embeddings", "nomic-embed-text"),
+        ("openai", "/v1/embeddings", "Qwen/Qwen3-Embedding-0.6B"),
+        ("openai", "/v1/embeddings", "e5"),  # an unknown name: a self-hosted model may be anything
+        ("openai", "/v1/embeddings", "openai/gpt-oss-20b"),  # not a known family name at the start
+        ("anthropic", "/v1/messages", "claude-haiku-4-5"),
+    ],
+)
+def test_models_that_may_serve_the_endpoint_are_accepted(provider: str, endpoint: str, model: str) -> None:
+    params = {"max_tokens": 5} if provider == "anthropic" else {}
+    assert RequestSpec(provider=provider, endpoint=endpoint, model=model, params=params).model == model
+
+
+@pytest.mark.parametrize(
+    ("provider", "endpoint", "model", "expected"),
+    [
+        ("openai", "/v1/chat/completions", "text-embedding-3-small", "is an embedding model"),
+        ("openai", "/v1/completions", "text-embedding-ada-002", "is an embedding model"),
+        ("anthropic", "/v1/messages", "voyage-embed-1", "is an embedding model"),
+        ("openai", "/v1/embeddings", "gpt-4o-mini", "is a chat model"),
+        ("openai", "/v1/embeddings", "ft:gpt-4o-mini:acme::abc123", "is a chat model"),
+        ("openai", "/v1/embeddings", "o1", "is a chat model"),
+        ("openai", "/v1/embeddings", "O4-mini", "is a chat model"),
+        ("openai", "/v1/embeddings", "chatgpt-4o-latest", "is a chat model"),
+        ("openai", "/v1/embeddings", "claude-haiku-4-5", "is a chat model"),
+    ],
+)
+def test_models_that_cannot_serve_the_endpoint_are_rejected(
+    provider: str, endpoint: str, model: str, expected: str
+) -> None:
+    params = {"max_tokens": 5} if provider == "anthropic" else {}
+    with pytest.raises(InvalidInputError, match=f"Model '{model}' {expected}.* Use "):
+        RequestSpec(provider=provider, endpoint=endpoint, model=model, params=params)
