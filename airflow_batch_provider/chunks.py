@@ -53,6 +53,7 @@ from airflow_batch_provider.tables import (  # TableReader and these names used 
     select_columns,
 )
 from airflow_batch_provider.templates import PromptTemplate, RowProblems, to_string_array
+from airflow_batch_provider.validation import check_utf8
 
 CHUNKS_DIR = "chunks"
 MANIFEST_NAME = "manifest.json"
@@ -193,6 +194,7 @@ def build_chunks(
         rows_schema: pa.Schema | None = None
         num_rows = 0
         for batch in reader.batches(selected):
+            check_utf8(batch, offset=num_rows, problems=problems, what=f"The table {reader.source}")
             texts = prompt.render_json(batch, offset=num_rows, problems=problems)
             custom_ids = ids.build(batch, offset=num_rows, problems=problems)
             hashes.append(_id_hashes(custom_ids))

@@ -138,18 +138,24 @@ def test_non_utf8_csv(emulator, tmp_path):
         _chunk_then_submit(source, tmp_path / "job")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason='chunks.py: latin-1 bytes in a .jsonl ({"id": 2, "title": "caf\\xe9"}) pass the reader and are '
-    "written into the request file as invalid UTF-8; the error (if any) comes later and names no row",
-)
-def test_non_utf8_jsonl_names_the_row(openai_conn, tmp_path):
+def test_non_utf8_jsonl_names_the_row(emulator, tmp_path):
     source = tmp_path / "p.jsonl"
     source.write_bytes('{"id": 1, "title": "kettle"}\n{"id": 2, "title": "caf\xe9"}\n'.encode("latin-1"))
-    error = _error_of(source, tmp_path / "job")
-    assert isinstance(error, InvalidInputError), f"not an InvalidInputError naming the row: {error!r}"
-    assert "utf" in str(error).lower()
+    with pytest.raises(
+        InvalidInputError, match="invalid UTF-8 text in column 'title': 1 row\\(s\\) at position 1"
+    ) as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert "re-encode it as UTF-8" in str(info.value) and info.value.rows == [1]
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_non_utf8_parquet_names_the_row(emulator, tmp_path):
+    """The parquet reader does not validate UTF-8 either (a file written by another tool can hold any bytes)."""
+    raw = pa.array([b"kettle", b"lamp", b"caf\xe9"], pa.binary())
+    titles = pa.StringArray.from_buffers(3, raw.buffers()[1], raw.buffers()[2])
+    source = _parquet(tmp_path / "p.parquet", id=[1, 2, 3], title=titles)
+    with pytest.raises(InvalidInputError, match="invalid UTF-8 text in column 'title': 1 row\\(s\\) at position 2"):
+        _chunk_then_submit(source, tmp_path / "job")
 
 
 @pytest.mark.xfail(
