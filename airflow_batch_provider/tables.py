@@ -19,6 +19,7 @@ import pyarrow as pa
 from airflow_batch_provider import storage
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.templates import PromptTemplate
+from airflow_batch_provider.validation import check_csv_quotes
 
 # Columns the chunk step adds to each rows file next to the source columns.
 CUSTOM_ID = "custom_id"
@@ -59,7 +60,10 @@ class TableReader:
     """Stream record batches of at most ``batch_rows`` rows from a table file or a folder of them.
 
     ``string_columns`` are read as text from csv (no type inference) so ids such as ``00123``
-    and prompt values keep their exact spelling.
+    and prompt values keep their exact spelling. Before a csv file is parsed its quotes are
+    checked (:func:`~airflow_batch_provider.validation.check_csv_quotes`, one extra vectorised
+    pass over the bytes): the csv reader would otherwise read the rows after an unclosed quote
+    into one value, silently.
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class TableReader:
         self.string_columns = list(string_columns)
         self.files = self._resolve()
         self._schema: pa.Schema | None = None
+        self._quotes_checked: set[str] = set()
 
     def _resolve(self) -> list[_SourceFile]:
         path = storage.to_path(self.source)
@@ -106,6 +111,8 @@ class TableReader:
         """Yield non-empty record batches of ``columns`` (all when None) from every file, in order."""
         target: pa.Schema | None = None
         for source_file in self.files:
+            if source_file.fmt == "csv" and source_file.path not in self._quotes_checked:
+                self._check_quotes(source_file)
             with ExitStack() as stack:
                 schema, batches = self._guard(source_file, lambda f=source_file: self._open(f, columns, stack))
                 if target is None:
@@ -131,6 +138,13 @@ class TableReader:
             raise InvalidInputError(
                 f"Cannot read {source_file.path} as {source_file.fmt}: {type(err).__name__}: {err}{hint}"
             ) from err
+
+    def _check_quotes(self, source_file: _SourceFile) -> None:
+        with ExitStack() as stack:
+            stream = self._guard(source_file, lambda: self._input(source_file, stack))
+            blocks = iter(lambda: self._guard(source_file, lambda: stream.read(_TEXT_BLOCK_BYTES)), b"")
+            check_csv_quotes(blocks, source_file.path)
+        self._quotes_checked.add(source_file.path)
 
     def _input(self, source_file: _SourceFile, stack: ExitStack) -> Any:
         path = storage.to_path(source_file.path)

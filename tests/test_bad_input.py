@@ -1,9 +1,8 @@
 """Bad input fails in the chunk step, names the rows and what to do, and nothing reaches the provider.
 
 Every case runs ChunkOperator and, if it ever returned, SubmitBatchOperator on each chunk — so a
-case the chunk step let through would show up as an upload in the emulator's stats. Cases the
-chunk step does not handle yet are marked ``xfail(strict=True)`` with the exact input: they turn
-into failures (XPASS) once ``chunks.py`` handles them, as a reminder to drop the mark.
+case the chunk step let through would show up as an upload in the emulator's stats. The cases
+next to them that must keep working run the chunk step only.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -48,15 +48,6 @@ def _chunk_then_submit(source: Path, job_dir: Path, **kwargs: Any) -> list[dict[
         SubmitBatchOperator(task_id="submit", chunk=chunk).execute(make_context(InMemoryTaskStateStore()))
         for chunk in _chunk_only(source, job_dir, **kwargs)
     ]
-
-
-def _error_of(source: Path, job_dir: Path, **kwargs: Any) -> Exception | None:
-    """Return what chunk-then-submit raised (None when it went through), for the known-gap cases."""
-    try:
-        _chunk_then_submit(source, job_dir, **kwargs)
-    except Exception as exc:
-        return exc
-    return None
 
 
 @pytest.fixture
@@ -158,17 +149,34 @@ def test_non_utf8_parquet_names_the_row(emulator, tmp_path):
         _chunk_then_submit(source, tmp_path / "job")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="chunks.py: an unterminated quote in a csv ('1,\"kettle\\n2,lamp\\n') swallows the following rows "
-    "into one value: 2 data lines become 1 request, silently",
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('id,title\n1,"kettle\n2,lamp\n', "p.csv line 2: a quoted value opens here and is never closed"),
+        (
+            'id,title\n1,"kettle\n2,lamp\n3,"cup"\n',
+            "p.csv line 2: a quoted value opens here and is closed only on line 4",
+        ),
+    ],
+    ids=["runs-to-the-end", "closes-in-a-later-value"],
 )
-def test_unterminated_csv_quote_is_not_silently_merged(openai_conn, tmp_path):
+def test_unterminated_csv_quote_is_not_silently_merged(emulator, tmp_path, text, message):
     source = tmp_path / "p.csv"
-    source.write_text('id,title\n1,"kettle\n2,lamp\n')
-    error = _error_of(source, tmp_path / "job")
-    assert isinstance(error, InvalidInputError), "a row of the csv disappeared into another row, silently"
+    source.write_text(text)
+    with pytest.raises(InvalidInputError, match=message) as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert 'write a quote inside a value as ""' in str(info.value)
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_multi_line_and_lenient_csv_quotes_still_read(emulator, tmp_path):
+    source = tmp_path / "p.csv"
+    source.write_text('id,title\n1,"two\nlines"\n2,"say ""hi"""\n3,15" screen\n4,"Big" kettle\n')
+    chunks = _chunk_only(source, tmp_path / "job", prompt_template="{title}")
+    assert [chunk["num_requests"] for chunk in chunks] == [4]
+    lines = (tmp_path / "job" / "chunks" / "chunk-00000.jsonl").read_text().splitlines()
+    texts = [orjson.loads(line)["body"]["messages"][0]["content"] for line in lines]
+    assert texts == ["two\nlines", 'say "hi"', '15" screen', "Big kettle"]
 
 
 def test_duplicate_ids_name_both_rows(emulator, tmp_path):
