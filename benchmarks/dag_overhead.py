@@ -1,8 +1,11 @@
 """Run the example DAG end to end on the emulator and measure Airflow's overhead per chunk.
 
-Method (``airflow dags test``, which runs every task in-process, one at a time):
+Method (``airflow dags test``, which runs every task in-process, one at a time; 10,000 rows a
+chunk, set by the DAG, so ``rows`` / 10,000 chunks):
 
 - ``run_s``: the DAG run's duration (``dag_run.start_date`` → ``end_date`` in the metadata DB).
+  ``dags test`` stamps the start once the CLI has imported Airflow, before it parses the DAG
+  folder (twice) and creates the run, so DAG parsing is inside ``run_s``.
 - ``work_s``: the time spent inside the operators' ``execute`` (and, for a deferred sensor,
   ``execute_complete``), summed over every task instance. It is read from the task-runner
   markers in the log: a task's work starts at the first ``::endgroup::`` after ``[DAG TEST]
@@ -11,19 +14,41 @@ Method (``airflow dags test``, which runs every task in-process, one at a time):
   emulator to finish a batch inside the sensor counts as work (the provider's time).
 - ``overhead_s = run_s - work_s``: everything Airflow adds — starting each task instance,
   rendering, XCom, state updates, and ``dags test``'s own scheduling loop between tasks.
-- ``overhead_per_chunk_s = overhead_s / chunks``: all of that, shared out over the chunks (each
-  chunk is one mapped ``submit`` and one mapped ``wait`` task instance). It includes the costs
-  paid once per run (the first task instance starts the in-process execution API and imports
-  the task's modules, which takes seconds), so it falls as the chunk count grows.
 - ``marginal_per_chunk_s``: only what each chunk adds: the mapped task instances' time outside
   execute plus the gap before each; ``marginal_per_task_s`` per mapped task instance.
-  ``fixed_overhead_s`` is the rest (once per run, and the four unmapped tasks).
+  ``fixed_overhead_s`` is the rest: paid once per run (parsing the DAG folder and creating the
+  run, ~1 s; the first task instance building the in-process execution API, ~3 s) plus the four
+  unmapped tasks' share.
+- ``overhead_per_chunk_s = overhead_s / chunks``: all of it, shared out over the chunks (each
+  chunk is one mapped ``submit`` and one mapped ``wait`` task instance), once-per-run costs
+  included, so it falls as the chunk count grows (``marginal_per_chunk_s + fixed_overhead_s /
+  chunks``).
+
+Which figure is the target's. Issue 7 asks for "≤ 0.3 s of scheduler/task overhead per mapped
+chunk task": that is ``marginal_per_task_s``, what one more mapped task instance costs, because
+that is what grows with the job; the once-per-run seconds do not, and shared out they would make
+the figure depend on the row count (at 10 chunks they add ~0.4 s a chunk, at 500 chunks
+~0.01 s). ``overhead_per_chunk_s`` keeps its meaning from earlier runs (the machine-readable
+``bench:`` line prints it): it is the conservative all-in figure for a chunk (two mapped task
+instances plus its share of the fixed part), to be read against 2 x 0.3 s, not 0.3 s. All three
+are reported; none leaves anything out of ``overhead_s``.
+
+Fairness. Every run starts from an empty output folder: the DAG runs with ``skip_unchanged``
+against its own output, so an earlier run's results would be carried and those chunks would send
+nothing. A run that did not succeed, or in which a task needed a retry, raises instead of being
+measured (``dags test`` exits 0 either way). All of it is CPU-bound on one interpreter plus the
+emulator, so the figures scale with the machine's load: ``load_average`` (1-minute, before and
+after) is reported with them; on a 2-core machine at load ~1.7 they came out 2-3x higher than
+on an idle one (0.29 s against 0.09 s per mapped task instance).
 
 As a cross-check it also reports ``ti_overhead_s``: ``run_s`` minus the task instances'
-durations in the DB (only the gaps between tasks), and the process wall time of
-``airflow dags test`` (which adds CLI start-up and DAG parsing, paid once per run). A sensor
-that defers has its trigger run in line between two executes (``[DAG TEST] running trigger in
-line`` … ``Trigger completed``); that time counts as work (the provider's time).
+durations in the DB (only the gaps between tasks), and ``wall_s``, the process wall time of
+``airflow dags test`` (which adds interpreter start-up and the Airflow import). A sensor that
+defers has its trigger run in line between two executes (``[DAG TEST] running trigger in
+line`` … ``Trigger completed``); that time counts as work (the provider's time), the second
+start of the task instance as overhead. With the emulator's 0.05 s latency the batches have
+usually ended by the sensor's first look, so ``deferrals`` is usually 0; under a real provider
+every ``wait`` defers at least once, which adds a second task start (~0.15 s on an idle machine).
 """
 
 from __future__ import annotations
@@ -39,7 +64,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -143,19 +168,31 @@ def overhead(run_s: float, task_instances: list[dict[str, Any]], runs: list[Task
     }
 
 
-def _read_run(db: Path) -> tuple[float, list[dict[str, Any]]]:
-    """Return (run duration, its task instances) of the DAG's latest run."""
+def _read_run(db: Path, since: datetime) -> tuple[float, list[dict[str, Any]]]:
+    """Return (run duration, its task instances) of the DAG run started after ``since`` (naive UTC).
+
+    Raises unless that run exists and succeeded without a retry: ``airflow dags test`` exits 0 even
+    when the run failed, and a failed try plus its retry delay is not a measurement of overhead.
+    """
     with sqlite3.connect(db) as conn:
-        run_id, start, end = conn.execute(
-            "SELECT run_id, start_date, end_date FROM dag_run WHERE dag_id = ? ORDER BY start_date DESC LIMIT 1",
+        latest = conn.execute(
+            "SELECT run_id, start_date, end_date, state FROM dag_run WHERE dag_id = ? ORDER BY start_date DESC LIMIT 1",
             (DAG_ID,),
         ).fetchone()
+        if latest is None or datetime.fromisoformat(latest[1]).replace(tzinfo=None) < since:
+            raise RuntimeError("airflow dags test created no DAG run: nothing to measure")
+        run_id, start, end, state = latest
         rows = conn.execute(
-            "SELECT task_id, map_index, duration, state FROM task_instance WHERE dag_id = ? AND run_id = ?",
+            "SELECT task_id, map_index, duration, state, try_number FROM task_instance WHERE dag_id = ? AND run_id = ?",
             (DAG_ID, run_id),
         ).fetchall()
+    if state != "success":
+        raise RuntimeError(f"the DAG run {run_id} ended {state}, not success: no overhead figures from it")
+    retried = sorted(f"{t}[{m}]" if m >= 0 else t for t, m, _, _, tries in rows if (tries or 1) > 1)
+    if retried:
+        raise RuntimeError(f"task(s) {', '.join(retried)} needed a retry in run {run_id}: timings not comparable")
     run_s = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-    return run_s, [{"task_id": t, "map_index": m, "duration": d, "state": s} for t, m, d, s in rows]
+    return run_s, [{"task_id": t, "map_index": m, "duration": d, "state": s} for t, m, d, s, _ in rows]
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -202,6 +239,10 @@ def run_dag(rows: int) -> dict[str, Any]:
     for folder in (home, run_dir):
         folder.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(BENCH_DIR / "dag-jobs", ignore_errors=True)  # chunk files of earlier runs (~0.5 KB a row)
+    # The DAG uses skip_unchanged with the output folder as its previous output: left in place, an
+    # earlier run's results would be carried and those chunks would send nothing (no batch to submit
+    # or wait for), so every run starts from an empty output and sends every row.
+    shutil.rmtree(BENCH_DIR / "dag-output", ignore_errors=True)
     env = _env(home)
     airflow = str(Path(sys.executable).parent / "airflow")
     subprocess.run(
@@ -219,6 +260,8 @@ def run_dag(rows: int) -> dict[str, Any]:
             "output_dir": str(BENCH_DIR / "dag-output"),
             "poll_interval": 0.5,
         }
+        load_before = os.getloadavg()[0]
+        since = datetime.now(UTC).replace(tzinfo=None)  # the DB keeps naive UTC
         started = time.monotonic()
         with log_path.open("wb") as log:
             result = subprocess.run(
@@ -230,7 +273,8 @@ def run_dag(rows: int) -> dict[str, Any]:
         emulator.wait(timeout=30)
     if result.returncode != 0:
         raise RuntimeError(f"airflow dags test failed (exit code {result.returncode}); see {log_path}")
-    run_s, task_instances = _read_run(home / "airflow.db")
+    load_after = os.getloadavg()[0]
+    run_s, task_instances = _read_run(home / "airflow.db", since)
     with log_path.open(encoding="utf-8", errors="replace") as log_lines:
         runs = task_runs(log_lines)
     deferred = sum(1 for run in runs if run.trigger_s)
@@ -238,6 +282,7 @@ def run_dag(rows: int) -> dict[str, Any]:
         "rows": rows,
         "wall_s": round(wall_s, 2),
         "deferrals": deferred,
+        "load_average": [round(load_before, 2), round(load_after, 2)],
         "log": str(log_path),
         **overhead(run_s, task_instances, runs),
     }

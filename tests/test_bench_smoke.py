@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from benchmarks import data, measure, run
-from benchmarks.dag_overhead import execute_seconds, overhead, task_runs
+from benchmarks.dag_overhead import DAG_ID, _read_run, execute_seconds, overhead, task_runs
 
 ROWS = 2_500
 
@@ -144,3 +146,40 @@ def test_overhead_is_run_time_minus_time_inside_execute() -> None:
     assert figures["fixed_overhead_s"] == pytest.approx(3.5)
     assert figures["work_from_log_markers"] == 2
     assert figures["ti_overhead_s"] == pytest.approx(4.3)
+
+
+def _metadata_db(path: Path, runs: list[tuple[str, str, str]], tis: list[tuple[str, str, int, int]]) -> Path:
+    """A metadata DB with only what ``_read_run`` reads: (run_id, start, state) runs, (run_id, task, map, try) TIs."""
+    path.mkdir(parents=True, exist_ok=True)
+    db = path / "airflow.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE dag_run (dag_id, run_id, start_date, end_date, state)")
+        conn.execute("CREATE TABLE task_instance (dag_id, run_id, task_id, map_index, duration, state, try_number)")
+        for run_id, start, state in runs:
+            end = (datetime.fromisoformat(start) + timedelta(seconds=30)).isoformat(" ")
+            conn.execute("INSERT INTO dag_run VALUES (?, ?, ?, ?, ?)", (DAG_ID, run_id, start, end, state))
+        for run_id, task_id, map_index, tries in tis:
+            row = (DAG_ID, run_id, task_id, map_index, 1.0, "success", tries)
+            conn.execute("INSERT INTO task_instance VALUES (?, ?, ?, ?, ?, ?, ?)", row)
+    return db
+
+
+def test_only_the_new_clean_successful_run_is_measured(tmp_path: Path) -> None:
+    since = datetime(2026, 1, 1, 12, 0)
+    ok = _metadata_db(
+        tmp_path,
+        [("old", "2026-01-01 11:00:00", "success"), ("new", "2026-01-01 12:00:01.5", "success")],
+        [("old", "chunk", -1, 1), ("new", "chunk", -1, 1), ("new", "submit", 0, 1)],
+    )
+    run_s, tis = _read_run(ok, since)
+    assert run_s == pytest.approx(30.0)
+    assert sorted((t["task_id"], t["map_index"]) for t in tis) == [("chunk", -1), ("submit", 0)]
+    with pytest.raises(RuntimeError, match="no DAG run"):
+        _read_run(ok, datetime(2026, 1, 1, 13, 0))  # dags test failed before creating one: not the old run
+
+    failed = _metadata_db(tmp_path / "failed", [("new", "2026-01-01 12:00:01", "failed")], [])
+    with pytest.raises(RuntimeError, match="ended failed"):
+        _read_run(failed, since)
+    retried = _metadata_db(tmp_path / "retried", [("new", "2026-01-01 12:00:01", "success")], [("new", "merge", -1, 2)])
+    with pytest.raises(RuntimeError, match=r"merge needed a retry"):
+        _read_run(retried, since)
