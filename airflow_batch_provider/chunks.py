@@ -30,7 +30,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_batch_provider import storage
+from airflow_batch_provider.background import run_ahead
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.limits import ProviderLimits, limits_for
@@ -193,12 +194,23 @@ def build_chunks(
         hashes: list[np.ndarray] = []
         rows_schema: pa.Schema | None = None
         num_rows = 0
-        for batch in reader.batches(selected):
-            check_utf8(batch, offset=num_rows, problems=problems, what=f"The table {reader.source}")
-            texts = prompt.render_json(batch, offset=num_rows, problems=problems)
-            custom_ids = ids.build(batch, offset=num_rows, problems=problems)
-            hashes.append(_id_hashes(custom_ids))
-            rendered = renderer.render_arrays(custom_ids, texts)
+
+        def prepared() -> Iterator[tuple[pa.RecordBatch, pa.Array, pa.Array, pa.Array]]:
+            """Read, validate and render each batch (in a background thread: see below)."""
+            offset = 0
+            for batch in reader.batches(selected):
+                check_utf8(batch, offset=offset, problems=problems, what=f"The table {reader.source}")
+                texts = prompt.render_json(batch, offset=offset, problems=problems)
+                custom_ids = ids.build(batch, offset=offset, problems=problems)
+                hashes.append(_id_hashes(custom_ids))
+                lines, bodies = renderer.render_lines(custom_ids, texts)
+                yield batch, custom_ids, lines, bodies
+                offset += batch.num_rows
+
+        # Two stages overlap: the next batch is read and rendered by Arrow kernels (GIL released)
+        # while this thread hashes the fingerprints (GIL held); a third thread writes the files.
+        for batch, custom_ids, lines, bodies in run_ahead(prepared(), depth=1, name="chunk-render"):
+            rendered = RenderedRequests(lines, renderer.fingerprints(bodies))
             _check_line_sizes(rendered.sizes, byte_cap, limits, num_rows, custom_ids)
             if not problems:  # after the first bad row only validate: the staging folder is discarded
                 if rows_schema is None:
@@ -500,8 +512,11 @@ def _write_chunk_files(
     # One table per chunk (bounded by chunk_size rows) so the rows file does not depend on batch_rows.
     table = pa.Table.from_batches(rows)
     with rows_path.open("wb") as handle:
+        # A working file, read whole by the merge: no column statistics (nothing filters on them);
         # custom_id and request_fingerprint are unique per row: dictionary-encoding them only costs time.
-        pq.write_table(table, handle, compression="zstd", use_dictionary=table.schema.names[:-2])
+        pq.write_table(
+            table, handle, compression="zstd", use_dictionary=table.schema.names[:-2], write_statistics=False
+        )
     return digest.hexdigest()
 
 

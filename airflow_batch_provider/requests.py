@@ -347,15 +347,22 @@ class RequestRenderer(ABC):
         literal (:meth:`PromptTemplate.render_json <airflow_batch_provider.templates.PromptTemplate.render_json>`
         or :func:`~airflow_batch_provider.templates.json_strings`). Neither may hold nulls.
         """
+        lines, bodies = self.render_lines(custom_ids, json_texts)
+        return RenderedRequests(lines, self.fingerprints(bodies))
+
+    def render_lines(self, custom_ids: pa.Array, json_texts: pa.Array) -> tuple[pa.Array, pa.Array]:
+        """Return (request lines, bodies) of a batch: :meth:`render_arrays` without the fingerprints.
+
+        Only Arrow kernels (they release the GIL); :meth:`fingerprints` of the bodies gives the rest.
+        """
         if len(custom_ids) != len(json_texts):
             raise ValueError(f"{len(custom_ids)} custom ids but {len(json_texts)} texts")
         # The fingerprint covers the id-less request, which ends with text + tail (see __init__).
         bodies = concat(json_texts, self._tail.decode())
         head, middle = self._head.decode(), self._middle.decode()
-        lines = concat(head + '"', json_escape(custom_ids), '"' + middle, bodies, "\n")
-        return RenderedRequests(lines, self._fingerprints(bodies))
+        return concat(head + '"', json_escape(custom_ids), '"' + middle, bodies, "\n"), bodies
 
-    def _fingerprints(self, bodies: pa.Array) -> pa.Array:
+    def fingerprints(self, bodies: pa.Array) -> pa.Array:
         """Return the fingerprints of ``bodies`` as a string array (hex of the first 16 digest bytes)."""
         # The sha256 calls are the only per-row Python left (a plain loop is the fastest form);
         # the hex formatting happens once for the whole batch.
