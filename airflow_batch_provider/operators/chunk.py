@@ -173,7 +173,8 @@ class ChunkOperator(BaseOperator):
         # run. A Jinja-templated provider (e.g. "{{ params.provider }}") is checked once rendered.
         self.endpoint = endpoint
         if "{{" not in provider:
-            self._spec("model", system_prompt)
+            # A literal model is checked against the endpoint now; a templated one once rendered.
+            self._spec(model if isinstance(model, str) and "{{" not in model else "model", system_prompt)
 
     def _spec(self, model: str, system_prompt: str | None) -> RequestSpec:
         endpoint = self.endpoint or default_endpoint(self.provider)

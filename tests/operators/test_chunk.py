@@ -137,6 +137,13 @@ def test_templated_provider_is_checked_once_rendered(tmp_path) -> None:
         op._spec("gpt-4o-mini", None)
 
 
+def test_a_literal_model_that_cannot_serve_the_endpoint_fails_at_parse_time() -> None:
+    with pytest.raises(InvalidInputError, match="embedding model"):
+        _operator(model="text-embedding-3-small")  # on the default /v1/chat/completions
+    templated = _operator(model="{{ params.model }}")  # checked once rendered
+    assert templated.model == "{{ params.model }}"
+
+
 def test_more_chunks_than_max_map_length_fail_before_anything_is_mapped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
