@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
-from airflow_batch_provider.operators.submit import CHECKPOINT_KEY, SubmitBatchOperator, idempotency_key
+from airflow_batch_provider.operators.submit import (
+    CHECKPOINT_KEY,
+    SubmitBatchOperator,
+    chunk_input_tokens,
+    idempotency_key,
+    submit_tagged,
+)
 from airflow_batch_provider.status import BatchState, BatchStatus
 from airflow_batch_provider.token_budget import (
     CHUNK_TOKENS_KEY,
@@ -194,3 +202,40 @@ def test_token_estimate_falls_back_to_bytes(tmp_path):
     path = tmp_path / "odd.jsonl"
     path.write_bytes(b'{"custom_id": "a", "no_body": true}\n' * 4)
     assert estimate_file_tokens(str(path), "gpt-4o-mini", "openai") == -(-path.stat().st_size // 4)
+
+
+def test_the_chunk_operators_token_estimate_is_used_without_reading_the_file(openai_conn, tmp_path, monkeypatch):
+    chunk = {**_chunk(tmp_path, n=10), "estimated_input_tokens": 1234}
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the requests file was read again for its tokens")
+
+    monkeypatch.setattr("airflow_batch_provider.operators.submit.estimate_file_tokens", no_reading)
+    _op(chunk).execute(make_context(InMemoryTaskStateStore()))
+    assert openai_conn.batches()[0]["metadata"][CHUNK_TOKENS_KEY] == "1234"
+    assert chunk_input_tokens(chunk) == 1234
+
+
+def test_without_an_estimate_the_tokens_come_from_the_file(tmp_path):
+    chunk = _chunk(tmp_path, n=10)
+    expected = estimate_file_tokens(chunk["requests_path"], "gpt-4o-mini", "openai")
+    assert chunk_input_tokens(chunk) == expected
+    for unusable in (0, -3, True, "1234", None):
+        assert chunk_input_tokens({**chunk, "estimated_input_tokens": unusable}) == expected
+
+
+def test_a_follow_up_batch_counts_its_own_file_not_the_chunks_estimate(openai_conn, tmp_path):
+    """submit_tagged sends a follow-up file smaller than the chunk its descriptor came from."""
+    chunk = {**_chunk(tmp_path, n=10), "estimated_input_tokens": 10**6}
+    submit_tagged(
+        OpenAIBatchHook(),
+        chunk,
+        make_context(InMemoryTaskStateStore()),
+        task_id="wait",
+        dag_id="test_dag",
+        tag="attempt-2",
+        checkpoint_key="batch_wait.attempt-2",
+        log=logging.getLogger(__name__),
+    )
+    tokens = int(openai_conn.batches()[0]["metadata"][CHUNK_TOKENS_KEY])
+    assert tokens == estimate_file_tokens(chunk["requests_path"], "gpt-4o-mini", "openai") < 10**6
