@@ -98,6 +98,13 @@ class BatchCompleteTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll until terminal; yield exactly one event."""
         hook = self._hook()
+        try:
+            async for event in self._poll(hook):
+                yield event
+        finally:
+            await close_async_client(hook, self.log)
+
+    async def _poll(self, hook: BatchHook) -> AsyncIterator[TriggerEvent]:
         if self.not_before is not None and self.not_before > time.time():
             await asyncio.sleep(self.not_before - time.time())
         started = time.monotonic()
@@ -174,3 +181,25 @@ class BatchCompleteTrigger(BaseTrigger):
             self.log.info("cancelled batch %s because its task was killed", self.batch_id)
         except BatchProviderError as exc:
             self.log.warning("could not cancel batch %s on kill: %s", self.batch_id, exc)
+        finally:
+            await close_async_client(hook, self.log)
+
+
+async def close_async_client(hook: BatchHook, log: Any) -> None:
+    """Close the async SDK client ``hook`` opened, in the event loop that opened it.
+
+    Left open, the SDK closes it when it is garbage collected, on whatever loop is running then:
+    under ``airflow dags test`` (a fresh loop per trigger) that fails with "Event loop is closed",
+    logged as an error after every deferral; in a triggerer the connection pool lingers until then.
+    The hooks keep the client in ``_async_client`` (OpenAI, Anthropic); a hook without one has
+    nothing to close.
+    """
+    client = getattr(hook, "_async_client", None)
+    close = getattr(client, "close", None)
+    if close is None:
+        return
+    try:
+        await close()
+    except Exception as exc:  # closing must never turn a finished poll into a failure
+        log.warning("could not close the %s client of batch polling: %s", getattr(hook, "provider", ""), exc)
+    hook._async_client = None  # type: ignore[attr-defined]

@@ -117,3 +117,43 @@ def test_on_kill_leaves_a_we_cancelled_it_marker(openai_conn, openai_hook, tmp_p
     asyncio.run(_trigger(batch_id, job_dir=str(tmp_path)).on_kill())
     assert cancelled_by_us(str(tmp_path), batch_id) == "its task was killed"
     assert wait_terminal(openai_hook, batch_id).status.value == "cancelled"
+
+
+def _recording_hook(trigger: BatchCompleteTrigger, monkeypatch) -> list:
+    """Make the trigger use one hook whose async SDK clients are recorded."""
+    hook = trigger._hook()
+    clients: list = []
+    opened = hook.aget_client
+
+    async def aget_client():
+        client = await opened()
+        clients.append(client)
+        return client
+
+    monkeypatch.setattr(hook, "aget_client", aget_client)
+    monkeypatch.setattr(trigger, "_hook", lambda: hook)
+    return clients
+
+
+def test_the_sdk_client_is_closed_in_the_triggers_own_loop(openai_hook, tmp_path, monkeypatch):
+    """Left open, it is closed at garbage collection on another loop: "Event loop is closed" under dags test."""
+    chunk = write_chunk(tmp_path, [{"custom_id": "c", "text": "x"}])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    trigger = _trigger(batch_id)
+    clients = _recording_hook(trigger, monkeypatch)
+    assert [e.payload["status"] for e in asyncio.run(_events(trigger))] == ["success"]
+    assert clients and all(client.is_closed() for client in clients)
+
+
+def test_the_client_is_closed_when_the_consumer_stops_at_the_event(openai_hook, tmp_path, monkeypatch):
+    """A consumer that takes the one event and drops the generator (as a triggerer may) still closes it."""
+    chunk = write_chunk(tmp_path, [{"custom_id": "d", "text": "x"}])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    trigger = _trigger(batch_id)
+    clients = _recording_hook(trigger, monkeypatch)
+
+    async def first_event():
+        return await trigger.run().__anext__()
+
+    assert asyncio.run(first_event()).payload["status"] == "success"
+    assert clients and all(client.is_closed() for client in clients)
