@@ -86,7 +86,10 @@ class MergeResultsOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Merge every chunk and return the job summary."""
-        batches = sorted((dict(b) for b in self.batches), key=lambda b: b["chunk_index"])
+        # One slice reads a mapped task's whole XCom in one call (iterating asks item by item,
+        # and probes one past the end, which Airflow logs as an error).
+        received = self.batches[:] if isinstance(self.batches, Sequence) else list(self.batches)
+        batches = sorted((dict(b) for b in received), key=lambda b: b["chunk_index"])
         if not batches:
             raise ResultsError("MergeResultsOperator received no batches: did the chunk step produce any chunks?")
         makedirs(self.output_dir)
