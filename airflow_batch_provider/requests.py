@@ -355,12 +355,21 @@ class RequestRenderer(ABC):
 
         Only Arrow kernels (they release the GIL); :meth:`fingerprints` of the bodies gives the rest.
         """
-        if len(custom_ids) != len(json_texts):
-            raise ValueError(f"{len(custom_ids)} custom ids but {len(json_texts)} texts")
         # The fingerprint covers the id-less request, which ends with text + tail (see __init__).
-        bodies = concat(json_texts, self._tail.decode())
+        bodies = concat(json_texts, self.body_suffix)
+        return self.lines_of(custom_ids, bodies), bodies
+
+    @property
+    def body_suffix(self) -> str:
+        """What follows the user text in every request: ``render_json(..., suffix=body_suffix)`` gives bodies."""
+        return self._tail.decode()
+
+    def lines_of(self, custom_ids: pa.Array, bodies: pa.Array) -> pa.Array:
+        """Return the request lines for ``bodies`` (user text as a JSON literal + :attr:`body_suffix`)."""
+        if len(custom_ids) != len(bodies):
+            raise ValueError(f"{len(custom_ids)} custom ids but {len(bodies)} texts")
         head, middle = self._head.decode(), self._middle.decode()
-        return concat(head + '"', json_escape(custom_ids), '"' + middle, bodies, "\n"), bodies
+        return concat(head + '"', json_escape(custom_ids), '"' + middle, bodies, "\n")
 
     def fingerprints(self, bodies: pa.Array) -> pa.Array:
         """Return the fingerprints of ``bodies`` as a string array (hex of the first 16 digest bytes)."""

@@ -279,16 +279,29 @@ class PromptTemplate:
         return self._render(batch, offset, problems, fast, as_json=False)
 
     def render_json(
-        self, batch: pa.RecordBatch, *, offset: int = 0, problems: RowProblems | None = None, fast: bool | None = None
+        self,
+        batch: pa.RecordBatch,
+        *,
+        offset: int = 0,
+        problems: RowProblems | None = None,
+        fast: bool | None = None,
+        suffix: str = "",
     ) -> pa.Array:
         """Return one prompt per row as a JSON string literal, byte for byte ``orjson.dumps(prompt)``.
 
         Validates exactly like :meth:`render_array`; a row with a null comes back as ``'""'``.
+        ``suffix`` is appended to every row in the same pass (the rest of a request body, say).
         """
-        return self._render(batch, offset, problems, fast, as_json=True)
+        return self._render(batch, offset, problems, fast, as_json=True, suffix=suffix)
 
     def _render(
-        self, batch: pa.RecordBatch, offset: int, problems: RowProblems | None, fast: bool | None, as_json: bool
+        self,
+        batch: pa.RecordBatch,
+        offset: int,
+        problems: RowProblems | None,
+        fast: bool | None,
+        as_json: bool,
+        suffix: str = "",
     ) -> pa.Array:
         own = problems is None
         found = RowProblems() if problems is None else problems
@@ -312,7 +325,7 @@ class PromptTemplate:
             # A prompt is blank exactly when every piece is: with blank literals, blank values make a blank prompt.
             values_blank = self._blank_values(batch, columns)
             blank, blank_values = (values_blank, None) if self._blank_literals else (None, values_blank)
-            rendered = self._join_json(columns) if as_json else self._join(columns)
+            rendered = self._join_json(columns, suffix) if as_json else self._join(columns)
         else:
             rendered, failed, first_error = self._render_rows(batch, null_mask)
             if failed:
@@ -326,13 +339,13 @@ class PromptTemplate:
             if blank_values is not None:  # a blank prompt is reported as such, not twice
                 blank_values = pc.and_kleene(blank_values, pc.invert(pc.fill_null(blank, False)))
             if as_json:
-                rendered = json_strings(pc.fill_null(rendered, ""))
+                rendered = concat('"', json_escape(pc.fill_null(rendered, "")), '"' + suffix)
         _add_rows(found, blank, null_mask, offset, kind="empty or whitespace-only prompt", advice=_BLANK_ADVICE)
         _add_rows(found, blank_values, null_mask, offset, kind=self._blank_values_kind, advice=_BLANK_VALUES_ADVICE)
         if own:
             found.raise_if_any()
         if as_json and null_mask is not None:  # json_escape turned nulls into "": mark those rows the same way
-            return pc.if_else(null_mask, pa.scalar('""', pa.large_string()), rendered)
+            return pc.if_else(null_mask, pa.scalar('""' + suffix, pa.large_string()), rendered)
         return pc.fill_null(rendered, "") if rendered.null_count else rendered
 
     @cached_property
@@ -374,7 +387,7 @@ class PromptTemplate:
                 parts.append(columns[name])
         return concat(*parts)
 
-    def _join_json(self, columns: Mapping[str, pa.Array]) -> pa.Array:
+    def _join_json(self, columns: Mapping[str, pa.Array], suffix: str = "") -> pa.Array:
         # Literal pieces are escaped once here, merged with the quotes that open and close the string.
         parts: list[pa.Array | str] = []
         pending = '"'
@@ -385,7 +398,7 @@ class PromptTemplate:
                     parts.append(pending)
                 parts.append(json_escape(columns[name]))
                 pending = ""
-        return concat(*parts, pending + '"')
+        return concat(*parts, pending + '"' + suffix)
 
     def _render_rows(self, batch: pa.RecordBatch, null_mask: pa.Array | None) -> tuple[pa.Array, list[int], str]:
         """Render row by row; return the prompts, the rows format_map rejected and the first error."""

@@ -191,6 +191,14 @@ def test_render_json_is_orjson_of_render_array(fast: bool) -> None:
     assert template.render_json(batch, fast=fast).to_pylist() == [orjson.dumps(t).decode() for t in texts]
 
 
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "per-row"])
+def test_render_json_appends_the_suffix_to_every_row_nulls_included(fast: bool) -> None:
+    batch = pa.record_batch({"title": ["kettle", None, 'say "hi"']})
+    suffix = '}],"max_tokens":5}}'
+    rendered = PromptTemplate("Tag: {title}").render_json(batch, problems=RowProblems(), fast=fast, suffix=suffix)
+    assert rendered.to_pylist() == ['"Tag: kettle"' + suffix, '""' + suffix, '"Tag: say \\"hi\\""' + suffix]
+
+
 @pytest.mark.parametrize(
     "template",
     ["{title}{note}", "  {title}\n{note}\t", "Classify: {title} {note}"],
