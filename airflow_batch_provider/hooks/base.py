@@ -29,6 +29,7 @@ class BatchHook(BaseHook, ABC):
     default_conn_name: ClassVar[str]
     # True when find_existing matches on a key the provider stores (safe to cancel extra matches).
     exact_reconcile: ClassVar[bool] = False
+    _async_client: Any = None  # the async SDK client, once opened (see aclose)
 
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__()
@@ -64,6 +65,19 @@ class BatchHook(BaseHook, ABC):
         from airflow_batch_provider.result_table import iter_record_tables
 
         return iter_record_tables(self.iter_results(state), response_type)
+
+    async def aclose(self) -> None:
+        """Close the async SDK client this hook opened (in the event loop that opened it).
+
+        Left open, an SDK closes its client when it is garbage collected, on whatever loop runs
+        then: under ``airflow dags test`` (a fresh loop per trigger) that fails with "Event loop is
+        closed", logged as an error; in a triggerer the connection pool lingers. The provider
+        hooks keep their client in ``_async_client``; a hook without one has nothing to close.
+        """
+        client = getattr(self, "_async_client", None)
+        if client is not None:
+            self._async_client = None
+            await client.close()
 
     def find_existing(
         self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None

@@ -186,20 +186,8 @@ class BatchCompleteTrigger(BaseTrigger):
 
 
 async def close_async_client(hook: BatchHook, log: Any) -> None:
-    """Close the async SDK client ``hook`` opened, in the event loop that opened it.
-
-    Left open, the SDK closes it when it is garbage collected, on whatever loop is running then:
-    under ``airflow dags test`` (a fresh loop per trigger) that fails with "Event loop is closed",
-    logged as an error after every deferral; in a triggerer the connection pool lingers until then.
-    The hooks keep the client in ``_async_client`` (OpenAI, Anthropic); a hook without one has
-    nothing to close.
-    """
-    client = getattr(hook, "_async_client", None)
-    close = getattr(client, "close", None)
-    if close is None:
-        return
+    """Close ``hook``'s async SDK client (:meth:`BatchHook.aclose`); a failure to close is only logged."""
     try:
-        await close()
+        await hook.aclose()
     except Exception as exc:  # closing must never turn a finished poll into a failure
         log.warning("could not close the %s client of batch polling: %s", getattr(hook, "provider", ""), exc)
-    hook._async_client = None  # type: ignore[attr-defined]
