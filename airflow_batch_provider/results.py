@@ -75,6 +75,8 @@ def parse_openai_line(line: bytes | str) -> ResultRecord:
     error = obj.get("error")
     response = obj.get("response")
     if error:
+        if not isinstance(error, dict):  # a bare message instead of {"code", "message"}
+            return _record(custom_id, "errored", error=str(error))
         code = error.get("code")
         status = _OPENAI_LINE_CODES.get(code or "", "errored")
         return _record(custom_id, status, error=error.get("message") or code, error_code=code)

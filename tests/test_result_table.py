@@ -55,6 +55,7 @@ LINES = [
     _line("expired", error={"code": "batch_expired", "message": "This request could not be executed"}),
     _line("cancelled", error={"code": "batch_cancelled", "message": "cancelled"}),
     _line("neither"),
+    _line("bare-error", error="the server had an error"),
     _ok("extra-fields", system_fingerprint="fp", service_tier="default", choices_extra={"deep": [1, {"x": None}]}),
 ]
 
