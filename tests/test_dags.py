@@ -143,3 +143,51 @@ def test_reprocessing_sends_only_what_changed(airflow_db, openai_conn, tmp_path,
     assert {m["custom_id"] for m in grown if m["attempts"] == 1} == {m["custom_id"] for m in grown[2000:]}
     sent, _ = run(3000, 2)
     assert sent == 3000
+
+
+class _RecordingStats:
+    """Stands in for Airflow's ``Stats`` facade: no StatsD/OTel backend is installed here (statsd is
+    not a dependency), so the test records what the operators hand to the facade instead."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, float, dict]] = []
+
+    def incr(self, stat: str, count: int = 1, rate: float = 1, *, tags: dict | None = None) -> None:
+        self.calls.append(("incr", stat, count, dict(tags or {})))
+
+    def gauge(self, stat: str, value: float, rate: float = 1, delta: bool = False, *, tags: dict | None = None) -> None:
+        self.calls.append(("gauge", stat, value, dict(tags or {})))
+
+    def total(self, stat: str) -> float:
+        return sum(value for kind, name, value, _ in self.calls if name == stat and kind == "incr")
+
+    def last(self, stat: str) -> float:
+        return [value for kind, name, value, _ in self.calls if name == stat and kind == "gauge"][-1]
+
+
+@pytest.mark.scenario
+def test_a_dag_run_emits_the_documented_metrics(airflow_db, openai_conn, tmp_path, monkeypatch):
+    """The example DAG's tasks emit llm_batch.* with the run's real figures, tagged provider/model/dag_id."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    stats = _RecordingStats()
+    monkeypatch.setattr("airflow_batch_provider.metrics.airflow_stats", lambda: stats)
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
+    conf = {"rows": 1500, "data_dir": str(tmp_path / "data"), "output_dir": str(tmp_path / "out"), "poll_interval": 0.2}
+    assert dag.test(run_conf=conf).state == "success"
+    merged = pq.read_table(tmp_path / "out").to_pylist()
+
+    assert stats.total("llm_batch.results.succeeded") == 1500
+    assert stats.total("llm_batch.batches.completed") == 1  # one chunk of up to 10,000
+    assert stats.total("llm_batch.tokens.input") == sum(r["input_tokens"] for r in merged)
+    assert stats.total("llm_batch.tokens.output") == sum(r["output_tokens"] for r in merged)
+    assert stats.last("llm_batch.batch_fill_rate") == pytest.approx(1500 / 10_000)
+    assert stats.last("llm_batch.cost_usd.actual") > 0
+    assert stats.last("llm_batch.cost_usd.realtime_equivalent") > stats.last("llm_batch.cost_usd.actual")
+    names = {name for _, name, _, _ in stats.calls}
+    assert {"llm_batch.cost_usd.estimated", "llm_batch.chunks_waiting", "llm_batch.requests_in_flight"} <= names
+    assert all(name.startswith("llm_batch.") for name in names)
+    for _, name, _, tags in stats.calls:
+        assert tags["provider"] == "openai" and tags["model"] == "gpt-4o-mini", (name, tags)
+        assert tags["dag_id"] == "nightly_product_classification", (name, tags)
