@@ -27,7 +27,7 @@ Control routes (no auth, never faulted): ``GET /_emulator/stats`` (counters),
 ``POST /_emulator/reset`` (forget everything; faults back to the start-up switches),
 ``GET|POST /_emulator/faults`` (read / replace the fault settings with a JSON object of the
 fields below), ``GET /_emulator/batches[?custom_ids=1]`` (``{"data": [...]}``: every batch of both providers
-with provider, id, status and ``custom_id_count``), ``GET /_emulator/health``.
+with provider, id, status, ``custom_id_count``, ``polls`` and ``held``), ``GET /_emulator/health``.
 
 In tests, the pytest plugin gives ``batch_emulator`` (reset before each test; ``.url``,
 ``.openai_base_url``, ``.anthropic_base_url``, ``.stats()``, ``.set_faults(**kw)``, ``.reset()``,
@@ -56,6 +56,12 @@ switch                     what the emulator does
                            over it, so counts grow gradually and a cancel lands mid-way)
 --token-limit N            OpenAI: a batch whose estimated input tokens plus those of in-flight
                            batches of the same model exceed N fails ``token_limit_exceeded``
+--polls-before-done N      a finished batch stays in progress (OpenAI ``finalizing``, or
+                           ``in_progress`` if it expires; Anthropic ``in_progress``) until its
+                           status was retrieved N times (``GET /v1/batches/{id}``,
+                           ``GET /v1/messages/batches/{id}``; listing does not count): the N-th
+                           retrieve is the first that can see it ended, as with a real batch that
+                           outlasts a poll interval. Failed validation and cancels are not held
 --delay-route 'M /p=S'     hold every ``M /p`` call S seconds *before* the route runs (repeatable;
                            ``{name}`` matches one path segment: ``'GET /v1/files/{id}/content=30'``);
                            a client that hangs up meanwhile gets nothing done
@@ -120,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--slow", type=float, default=0.0, help="extra seconds each batch spends in progress")
     parser.add_argument("--token-limit", type=int, default=None, help="OpenAI enqueued-token limit per model")
     parser.add_argument(
+        "--polls-before-done",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hold each finished batch in progress until its status was retrieved N times (default 0: off)",
+    )
+    parser.add_argument(
         "--delay-route",
         action="append",
         default=[],
@@ -166,6 +179,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         drop_rate=args.drop_rate,
         slow=args.slow,
         token_limit=args.token_limit,
+        polls_before_done=args.polls_before_done,
         delay_routes=parse_route_delays(args.delay_route, "--delay-route"),
         delay_after_routes=parse_route_delays(args.delay_after_route, "--delay-after-route"),
     )

@@ -144,8 +144,9 @@ class AnthropicApi:
         )
 
     def get_batch(self, req: Request) -> Response:
-        """GET /v1/messages/batches/{id}."""
+        """GET /v1/messages/batches/{id} (counts towards ``polls_before_done``; listing does not)."""
         batch = self._batch(req.params["batch_id"])
+        self.runner.polled(batch)
         with self.store.lock:
             return json_response(batch.to_json())
 

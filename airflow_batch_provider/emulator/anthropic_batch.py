@@ -2,7 +2,9 @@
 
 in_progress → ended (or in_progress → canceling → ended). Request counts move out of
 ``processing`` only at the end, as the real API does. ``params`` problems surface as
-``errored`` results, never at create time.
+``errored`` results, never at create time. Under the ``polls_before_done`` fault a batch that
+would end is held ``in_progress`` until its status has been retrieved that many times
+(:meth:`AnthropicRunner.polled`).
 """
 
 from __future__ import annotations
@@ -135,6 +137,8 @@ class AnthropicRunner:
 
     def step(self, batch: AnthropicBatch, now: float) -> float | None:
         """Do the next piece of work for ``batch``; return seconds until it wants the next step."""
+        if batch.held is not None:  # finished; a status retrieve ends it (see ``conclude``)
+            return None
         if batch.status == "canceling":
             if now < batch.due:
                 return batch.due - now
@@ -175,13 +179,39 @@ class AnthropicRunner:
                 return max(0.0, batch.phase_start + pace * (batch.cursor + 1) / total - now)
             if now < batch.phase_start + pace:
                 return batch.phase_start + pace - now
-        self._end(batch)
+        self.conclude(batch)
         return None
+
+    def conclude(self, batch: AnthropicBatch) -> None:
+        """End ``batch`` now, or hold it ``in_progress`` for ``polls_before_done``.
+
+        ``held`` marks a held batch; the status retrieve that makes ``polls`` reach
+        ``polls_before_done`` ends it.
+        """
+        with self.store.lock:
+            if not self._live(batch) or batch.status != "in_progress":
+                return  # canceled meanwhile: the worker ends it
+            if batch.polls < batch.faults.polls_before_done:
+                batch.held = "ended"
+                self.store.counters["anthropic"]["batches_held_for_polls"] += 1
+                return
+        self._end(batch)
+
+    def polled(self, batch: AnthropicBatch) -> None:
+        """Count one status retrieve of ``batch``; end a held batch once there were enough."""
+        with self.store.lock:
+            batch.polls += 1
+            if not batch.held or batch.polls < batch.faults.polls_before_done:
+                return
+            batch.held = ""  # claimed: not None keeps the worker off, "" keeps other retrieves off
+        self._end(batch)
 
     def cancel(self, batch: AnthropicBatch, now: float, provider_side: bool = False) -> None:
         """Start canceling (caller holds the lock); unprocessed requests end as ``canceled``."""
         if batch.status != "in_progress":
             return
+        if batch.held:  # a held batch is still in progress for its clients: cancel it like one
+            batch.held = None
         batch.set_status("canceling", time.time())
         batch.due = now + self.latency
         self.store.counters["anthropic"]["batches_cancelled"] += 1
@@ -206,4 +236,5 @@ class AnthropicRunner:
         with self.store.lock:
             if self._live(batch):
                 batch.results_blob = blob
+                batch.held = None
                 batch.set_status("ended", time.time())

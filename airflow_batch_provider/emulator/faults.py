@@ -12,6 +12,12 @@ time, so a test can catch a client at a known point: *before* the route runs (a 
 leaves no trace: the request is abandoned) or *after* it ran but before the answer is sent (the
 object exists, the client never learns its id). Keys are ``"METHOD /path"`` where ``{name}``
 matches one path segment, e.g. ``"GET /v1/files/{file_id}/content"``.
+
+``polls_before_done`` makes a batch outlast its pollers instead of the clock: a batch that has
+finished its work stays in its in-progress state (OpenAI ``in_progress``/``finalizing``,
+Anthropic ``in_progress``) until its status has been retrieved that many times, so the N-th
+retrieve is the first that can see it ended, as with a real batch that runs longer than a poll
+interval. Listing batches does not count.
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ class Faults:
     ``DEFAULT_VALIDATION_CODE``). ``token_limit`` is the OpenAI enqueued-token cap per model.
     ``delay_routes`` maps ``"METHOD /path"`` to seconds slept *before* the route runs; a client
     that hangs up meanwhile gets nothing done. ``delay_after_routes`` sleeps *after* the route ran
-    and before the answer goes out. Control routes are never delayed.
+    and before the answer goes out. Control routes are never delayed. ``polls_before_done`` holds a
+    finished batch in its in-progress state until its status was retrieved that many times (0: off).
     """
 
     seed: int = 0
@@ -94,6 +101,7 @@ class Faults:
     drop_rate: float = 0.0
     slow: float = 0.0
     token_limit: int | None = None
+    polls_before_done: int = 0
     delay_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
     delay_after_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
 
@@ -114,6 +122,9 @@ class Faults:
             raise ValueError(f"retry_after={self.retry_after!r} and slow={self.slow!r} must not be negative.")
         if self.token_limit is not None and int(self.token_limit) <= 0:
             raise ValueError(f"token_limit={self.token_limit!r} must be a positive integer or None.")
+        polls = self.polls_before_done
+        if isinstance(polls, bool) or not isinstance(polls, int) or polls < 0:
+            raise ValueError(f"polls_before_done={polls!r} must be a whole number >= 0 (0 turns it off).")
         for name in ("delay_routes", "delay_after_routes"):
             object.__setattr__(self, name, _clean_delays(name, getattr(self, name)))
 

@@ -246,8 +246,9 @@ class OpenAIApi:
         return json_response(_page(items, req.query.get("after"), limit))
 
     def get_batch(self, req: Request) -> Response:
-        """GET /v1/batches/{id}."""
+        """GET /v1/batches/{id} (counts towards ``polls_before_done``; listing does not)."""
         batch = self._batch(req.params["batch_id"])
+        self.runner.polled(batch)
         with self.store.lock:
             return json_response(batch.to_json())
 

@@ -2,7 +2,9 @@
 
 validating → in_progress → finalizing → completed, one ``latency`` apart; ``failed`` from
 validating; ``expired`` from in_progress when any line expired; cancelling → cancelled keeps
-the lines processed so far. The heavy per-line work runs outside the store lock.
+the lines processed so far. The heavy per-line work runs outside the store lock. Under the
+``polls_before_done`` fault a batch that would complete (or expire) is held in ``finalizing``
+(or ``in_progress``) until its status has been retrieved that many times (:meth:`OpenAIRunner.polled`).
 """
 
 from __future__ import annotations
@@ -159,6 +161,8 @@ class OpenAIRunner:
 
     def step(self, batch: OpenAIBatch, now: float) -> float | None:
         """Do the next piece of work for ``batch``; return seconds until it wants the next step."""
+        if batch.held is not None:  # finished; a status retrieve ends it (see ``conclude``)
+            return None
         status = batch.status
         if status in ("validating", "finalizing", "cancelling") and now < batch.due:
             return batch.due - now
@@ -168,7 +172,7 @@ class OpenAIRunner:
         if status == "in_progress":
             return self._progress(batch, now)
         if status == "finalizing":
-            self._finish(batch, "completed")
+            self.conclude(batch, "completed")
         elif status == "cancelling":
             self._finish(batch, "cancelled")
         return None
@@ -241,7 +245,7 @@ class OpenAIRunner:
             if now < batch.phase_start + pace:
                 return batch.phase_start + pace - now
             if batch.expired:
-                self._finish(batch, "expired")
+                self.conclude(batch, "expired")
                 return None
             batch.set_status("finalizing", time.time())
             batch.due = now + self.latency
@@ -267,10 +271,37 @@ class OpenAIRunner:
         counters["requests_processed"] += len(records)
         batch.cursor = max(batch.cursor, stop)
 
+    def conclude(self, batch: OpenAIBatch, final: str) -> None:
+        """Enter ``final`` (``completed``/``expired``) now, or hold it for ``polls_before_done``.
+
+        A held batch keeps its status (``finalizing``/``in_progress``) and ``held`` names where it
+        goes; the status retrieve that makes ``polls`` reach ``polls_before_done`` ends it.
+        """
+        with self.store.lock:
+            if not self._live(batch) or batch.status not in ("in_progress", "finalizing"):
+                return  # cancelled meanwhile: the worker ends it as cancelled
+            if batch.polls < batch.faults.polls_before_done:
+                batch.held = final
+                self.store.counters["openai"]["batches_held_for_polls"] += 1
+                return
+        self._finish(batch, final)
+
+    def polled(self, batch: OpenAIBatch) -> None:
+        """Count one status retrieve of ``batch``; end a held batch once there were enough."""
+        with self.store.lock:
+            batch.polls += 1
+            final = batch.held
+            if not final or batch.polls < batch.faults.polls_before_done:
+                return
+            batch.held = ""  # claimed: not None keeps the worker off, "" keeps other retrieves off
+        self._finish(batch, final)
+
     def cancel(self, batch: OpenAIBatch, now: float, provider_side: bool = False) -> None:
         """Start cancelling (caller holds the lock); the worker ends it one latency later."""
         if batch.status not in ("validating", "in_progress", "finalizing"):
             return
+        if batch.held:  # a held batch is still in progress for its clients: cancel it like one
+            batch.held = None
         batch.set_status("cancelling", time.time())
         batch.due = now + self.latency
         self.store.counters["openai"]["batches_cancelled"] += 1
@@ -297,4 +328,5 @@ class OpenAIRunner:
             if err_blob is not None:
                 name = f"batch_{batch.id}_error.jsonl"
                 batch.error_file_id = self.store.add_file(name, "batch_output", err_blob, expires).id
+            batch.held = None
             batch.set_status(final, time.time())

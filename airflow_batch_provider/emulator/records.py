@@ -83,6 +83,8 @@ class OpenAIBatch:
     expired: int = 0
     enqueued_tokens: int = 0
     cancel_at_line: int | None = None
+    polls: int = 0  # status retrieves (GET /v1/batches/{id}) so far
+    held: str | None = None  # see OpenAIRunner.conclude: a finished batch waiting for polls_before_done
 
     def set_status(self, status: str, now: float) -> None:
         """Move to ``status``, stamp ``<status>_at`` and log the change."""
@@ -140,6 +142,8 @@ class AnthropicBatch:
     results: list[bytes] = field(default_factory=list)
     results_blob: bytes | None = None
     cancel_at_line: int | None = None
+    polls: int = 0  # status retrieves (GET /v1/messages/batches/{id}) so far
+    held: str | None = None  # see AnthropicRunner.conclude: a finished batch waiting for polls_before_done
 
     def set_status(self, status: str, now: float) -> None:
         """Move to ``status`` and log the change."""

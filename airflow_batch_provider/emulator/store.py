@@ -131,6 +131,7 @@ class Store:
                 "batches_created",
                 "batches_cancelled",
                 "batches_cancelled_by_provider",
+                "batches_held_for_polls",
                 "requests_processed",
                 "requests_succeeded",
                 "requests_failed",
@@ -140,6 +141,7 @@ class Store:
                 "batches_created",
                 "batches_cancelled",
                 "batches_cancelled_by_provider",
+                "batches_held_for_polls",
                 "batches_deleted",
                 "requests_processed",
                 "requests_succeeded",
@@ -160,7 +162,11 @@ class Store:
         return result
 
     def batches(self, include_custom_ids: bool = False) -> list[dict[str, Any]]:
-        """List every batch of both providers, oldest first, with status and request count."""
+        """List every batch of both providers, oldest first, with status and request count.
+
+        ``polls`` counts the batch's status retrieves; ``held`` is true while a finished batch waits
+        for ``polls_before_done`` of them.
+        """
         with self.lock:
             openai = list(self.openai_batches.values())
             anthropic = list(self.anthropic_batches.values())
@@ -175,6 +181,8 @@ class Store:
                 "custom_id_count": ob.total or ob.request_count_hint,
                 "metadata": ob.metadata,
                 "created_at": ob.created_at,
+                "polls": ob.polls,
+                "held": bool(ob.held),
             }
             if include_custom_ids:
                 row["custom_ids"] = self._openai_custom_ids(ob)
@@ -186,6 +194,8 @@ class Store:
                 "status": ab.status,
                 "custom_id_count": len(ab.requests),
                 "created_at": int(ab.created_at),
+                "polls": ab.polls,
+                "held": bool(ab.held),
             }
             if include_custom_ids:
                 row["custom_ids"] = [cid for cid, _ in ab.requests]

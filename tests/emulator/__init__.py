@@ -15,6 +15,8 @@ from anthropic.types.messages import MessageBatch
 from anthropic.types.messages.batch_create_params import Request
 from openai.types import Batch
 
+from airflow_batch_provider.emulator.server import BatchEmulator
+
 CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 EMBEDDINGS: Literal["/v1/embeddings"] = "/v1/embeddings"
 OPENAI_TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -70,6 +72,18 @@ def wait_anthropic(client: anthropic.Anthropic, batch_id: str, timeout: float = 
             return batch
         if time.monotonic() > deadline:
             raise TimeoutError(f"message batch {batch_id} still {batch.processing_status} after {timeout}s")
+        time.sleep(0.02)
+
+
+def wait_held(emulator: BatchEmulator, batch_id: str, timeout: float = 15.0) -> dict[str, Any]:
+    """Wait (reading the control listing, which counts no poll) until a finished batch is held for polls."""
+    deadline = time.monotonic() + timeout
+    while True:
+        row = next(b for b in emulator.batches() if b["id"] == batch_id)
+        if row["held"]:
+            return row
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"batch {batch_id} not held after {timeout}s: {row}")
         time.sleep(0.02)
 
 

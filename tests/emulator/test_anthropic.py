@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from airflow_batch_provider.emulator.server import BatchEmulator
-from tests.emulator import anthropic_request, wait_anthropic
+from tests.emulator import anthropic_request, wait_anthropic, wait_held
 
 
 @pytest.fixture
@@ -187,3 +187,26 @@ def test_both_auth_headers_and_401_shape(batch_emulator: BatchEmulator, headers:
     denied = httpx2.get(url)
     assert denied.status_code == 401
     assert denied.json()["type"] == "error" and denied.json()["error"]["type"] == "authentication_error"
+
+
+def test_polls_before_done_holds_a_finished_batch_until_the_third_retrieve(
+    client: anthropic.Anthropic, batch_emulator: BatchEmulator
+) -> None:
+    batch_emulator.set_faults(polls_before_done=3)
+    created = client.messages.batches.create(requests=[anthropic_request(f"r{i}") for i in range(20)])
+    row = wait_held(batch_emulator, created.id)  # the engine is done: without the fault it would have ended
+    assert (row["status"], row["polls"]) == ("in_progress", 0)
+    time.sleep(0.3)  # several latencies more: still held
+    assert [b.processing_status for b in client.messages.batches.list()] == ["in_progress"]  # not counted
+    first = client.messages.batches.retrieve(created.id)
+    second = client.messages.batches.retrieve(created.id)
+    assert (first.processing_status, second.processing_status) == ("in_progress", "in_progress")
+    assert second.results_url is None and second.request_counts.processing == 20
+    results_url = f"{batch_emulator.url}/v1/messages/batches/{created.id}/results"  # the SDK's results() polls
+    assert httpx2.get(results_url, headers={"x-api-key": "k"}).status_code == 404
+    third = client.messages.batches.retrieve(created.id)
+    assert third.processing_status == "ended" and third.ended_at is not None
+    assert (third.request_counts.succeeded, third.request_counts.processing) == (20, 0)
+    assert len(list(client.messages.batches.results(created.id))) == 20
+    assert batch_emulator.stats()["anthropic"]["batches_held_for_polls"] == 1
+    assert [(b["polls"], b["held"]) for b in batch_emulator.batches()] == [(4, False)]  # results() retrieved too

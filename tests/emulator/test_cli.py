@@ -55,7 +55,8 @@ def test_cli_serves_logs_and_stops_on_sigterm(tmp_path: Path) -> None:
 def test_cli_flags_map_onto_the_config() -> None:
     args = build_parser().parse_args(
         ["--port", "0", "--latency", "0.5", "--fail-validation", "--http-429-rate", "0.2", "--retry-after", "3",
-         "--token-limit", "1000", "--cancel-batches", "--slow", "1.5", "--realtime-delay", "0.1"]
+         "--token-limit", "1000", "--cancel-batches", "--slow", "1.5", "--realtime-delay", "0.1",
+         "--polls-before-done", "2"]
     )  # fmt: skip
     config = config_from_args(args)
     assert (config.port, config.latency, config.realtime_delay) == (0, 0.5, 0.1)
@@ -63,6 +64,8 @@ def test_cli_flags_map_onto_the_config() -> None:
     assert faults.fail_validation == "invalid_json_line"
     assert (faults.http_429_rate, faults.retry_after, faults.token_limit) == (0.2, 3.0, 1000)
     assert faults.cancel_batches and faults.slow == 1.5
+    assert faults.polls_before_done == 2
+    assert build_parser().parse_args([]).polls_before_done == 0
 
 
 def test_cli_rejects_bad_rates(capsys: pytest.CaptureFixture[str]) -> None:

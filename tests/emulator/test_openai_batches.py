@@ -14,7 +14,7 @@ import pytest
 from openai.types import Batch
 
 from airflow_batch_provider.emulator.server import BatchEmulator
-from tests.emulator import CHAT, EMBEDDINGS, chat_line, read_jsonl, submit, to_jsonl, wait_openai
+from tests.emulator import CHAT, EMBEDDINGS, chat_line, read_jsonl, submit, to_jsonl, wait_held, wait_openai
 
 
 @pytest.fixture
@@ -315,3 +315,35 @@ def test_request_errors_in_bodies_become_400_lines(client: openai.OpenAI) -> Non
     batch = wait_openai(client, submit(client, rows).id)
     errors = read_jsonl(client, batch.error_file_id)
     assert [(r["custom_id"], r["response"]["status_code"]) for r in errors] == [("bad", 400)]
+
+
+@pytest.mark.parametrize(
+    ("faults", "held_in", "final"),
+    [
+        pytest.param({}, "finalizing", "completed", id="completes"),
+        pytest.param({"expire_rate": 1.0}, "in_progress", "expired", id="expires"),
+    ],
+)
+def test_polls_before_done_holds_a_finished_batch_until_the_third_retrieve(
+    client: openai.OpenAI, batch_emulator: BatchEmulator, faults: dict[str, Any], held_in: str, final: str
+) -> None:
+    batch_emulator.set_faults(polls_before_done=3, **faults)
+    created = submit(client, [chat_line(f"r{i}") for i in range(20)])
+    row = wait_held(batch_emulator, created.id)  # the engine is done: without the fault it would have ended
+    assert (row["status"], row["polls"]) == (held_in, 0)
+    time.sleep(0.3)  # several latencies more: still held
+    assert [b.status for b in client.batches.list()] == [held_in]  # listing does not count
+    first = client.batches.retrieve(created.id)
+    second = client.batches.retrieve(created.id)
+    assert (first.status, second.status) == (held_in, held_in)
+    assert first.output_file_id is None and first.error_file_id is None
+    third = client.batches.retrieve(created.id)
+    assert third.status == final
+    assert third.request_counts is not None and third.request_counts.total == 20
+    if final == "completed":
+        assert third.completed_at is not None and len(read_jsonl(client, third.output_file_id)) == 20
+    else:
+        assert third.expired_at is not None and len(read_jsonl(client, third.error_file_id)) == 20
+    assert client.batches.retrieve(created.id).status == final
+    assert batch_emulator.stats()["openai"]["batches_held_for_polls"] == 1
+    assert [(b["polls"], b["held"]) for b in batch_emulator.batches()] == [(4, False)]

@@ -102,6 +102,8 @@ FAULT_ERRORS = [
     pytest.param({"http_429_rate": 0.6, "http_500_rate": 0.6}, id="http-rates-sum"),
     pytest.param({"slow": -1}, id="negative-slow"),
     pytest.param({"token_limit": 0}, id="zero-token-limit"),
+    pytest.param({"polls_before_done": -1}, id="negative-polls-before-done"),
+    pytest.param({"polls_before_done": 1.5}, id="fractional-polls-before-done"),
 ]
 
 
