@@ -93,6 +93,13 @@ with DAG(
             None, type=["null", "number"], description="Fail before uploading if the estimated cost exceeds this."
         ),
         "poll_interval": Param(30, type="number", minimum=0.1, description="Seconds between status polls."),
+        "chunk_size": Param(
+            10_000,
+            type="integer",
+            minimum=1,
+            maximum=100_000,
+            description="Requests per batch (OpenAI: at most 50,000). Keep chunks ≤ [core] max_map_length (1,024).",
+        ),
     },
     user_defined_macros={"default_models": DEFAULT_MODELS},
     tags=["llm-batch", "example"],
@@ -121,7 +128,7 @@ with DAG(
         # Nightly reruns pay only for new or changed rows; the rest keep last night's result.
         skip_unchanged=True,
         previous_output=OUTPUT_DIR,
-        chunk_size=10_000,
+        chunk_size="{{ params.chunk_size }}",
     )
 
     submitted = SubmitBatchOperator.partial(task_id="submit", conn_id="{{ params.conn_id }}").expand(

@@ -93,7 +93,8 @@ class ChunkOperator(BaseOperator):
         ``temperature``, ``stop``...); Anthropic requires ``max_tokens``. Not templated: Jinja would
         turn numbers into strings.
     :param response_schema: JSON Schema dict or pydantic model class for structured output.
-    :param chunk_size: requests per chunk, 1 … 50,000 (OpenAI) / 100,000 (Anthropic).
+    :param chunk_size: requests per chunk, 1 … 50,000 (OpenAI) / 100,000 (Anthropic). Templated
+        (e.g. ``"{{ params.chunk_size }}"``: checked once rendered).
         A job may have at most ``[core] max_map_length`` chunks (1,024 by default; see docs/performance.md).
     :param byte_cap: bytes per chunk file; default: the provider's safe cap.
     :param columns: source columns to keep in the rows files (template and id columns always are).
@@ -118,6 +119,7 @@ class ChunkOperator(BaseOperator):
         "id_column",
         "max_cost_usd",
         "previous_output",
+        "chunk_size",
     )
     ui_color = "#eef7e8"
 
@@ -134,7 +136,7 @@ class ChunkOperator(BaseOperator):
         id_column: str | None = None,
         request_params: Mapping[str, Any] | None = None,
         response_schema: Mapping[str, Any] | type[Any] | None = None,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | str = DEFAULT_CHUNK_SIZE,
         byte_cap: int | None = None,
         columns: Sequence[str] | None = None,
         max_cost_usd: float | str | None = None,
@@ -179,7 +181,8 @@ class ChunkOperator(BaseOperator):
     def _spec(self, model: str, system_prompt: str | None) -> RequestSpec:
         endpoint = self.endpoint or default_endpoint(self.provider)
         check_endpoint(self.provider, endpoint)
-        check_chunk_size(self.chunk_size, self.provider)
+        if not (isinstance(self.chunk_size, str) and "{{" in self.chunk_size):  # templated: checked once rendered
+            check_chunk_size(self._chunk_size(), self.provider)
         check_byte_cap(self.byte_cap, self.provider)
         return RequestSpec(
             provider=self.provider,
@@ -189,6 +192,17 @@ class ChunkOperator(BaseOperator):
             params=self.request_params,
             response_schema=self.response_schema,
         )
+
+    def _chunk_size(self) -> int:
+        """Return ``chunk_size`` as an int (a rendered template such as ``"{{ params.chunk_size }}"`` is text)."""
+        if isinstance(self.chunk_size, str):
+            try:
+                return int(self.chunk_size.strip())
+            except ValueError:
+                raise InvalidInputError(
+                    f"chunk_size must be a whole number of requests, got {self.chunk_size!r}."
+                ) from None
+        return self.chunk_size
 
     def resolve_job_dir(self, context: Context) -> str:
         """Return ``job_dir``, or the default per-run folder built from the context."""
@@ -207,6 +221,7 @@ class ChunkOperator(BaseOperator):
         """Write the chunk files and return their descriptors (small dicts, safe for XCom)."""
         job_dir = self.resolve_job_dir(context)
         spec = self._spec(self.model, self.system_prompt)
+        chunk_size = self._chunk_size()
         self.log.info(
             "Chunking %s for %s %s (%s) into %s", self.source, spec.provider, spec.endpoint, spec.model, job_dir
         )
@@ -216,7 +231,7 @@ class ChunkOperator(BaseOperator):
             spec,
             self.prompt_template,
             id_column=self.id_column,
-            chunk_size=self.chunk_size,
+            chunk_size=chunk_size,
             byte_cap=self.byte_cap,
             columns=self.columns,
         )
@@ -235,7 +250,7 @@ class ChunkOperator(BaseOperator):
                 f"{skipped.sent:,}",
             )
         # Before anything is estimated or uploaded: Airflow could not map the next step over them.
-        check_map_length(len(descriptors), num_rows=result.num_rows, chunk_size=self.chunk_size, provider=spec.provider)
+        check_map_length(len(descriptors), num_rows=result.num_rows, chunk_size=chunk_size, provider=spec.provider)
         estimate = self._estimate_cost(context, spec, descriptors)
         rate = result.num_rows / result.seconds if result.seconds > 0 else 0.0
         summary = [
@@ -269,5 +284,5 @@ class ChunkOperator(BaseOperator):
         if estimate.batch_usd is not None:
             metrics.cost(estimate.batch_usd, kind="estimated")
         metrics.chunks_waiting(len(descriptors))
-        metrics.batch_fill_rate([d["num_requests"] for d in descriptors], self.chunk_size)
+        metrics.batch_fill_rate([d["num_requests"] for d in descriptors], self._chunk_size())
         return estimate

@@ -118,9 +118,23 @@ def test_template_fields_exclude_the_prompt_template() -> None:
     op = _operator(model="{{ params.model }}", system_prompt="{{ params.system }}")
     assert set(op.template_fields) == {
         "source", "job_dir", "model", "provider", "system_prompt", "id_column", "max_cost_usd", "previous_output",
+        "chunk_size",
     }  # fmt: skip
     assert "prompt_template" not in op.template_fields
     assert op.prompt_template == PROMPT
+
+
+def test_a_templated_chunk_size_is_checked_once_rendered(tmp_path: Path) -> None:
+    op = _operator(chunk_size="{{ params.chunk_size }}")  # no parse-time check of a template
+    op.chunk_size = "80000"  # what rendering gives: text, over OpenAI's 50,000
+    with pytest.raises(InvalidInputError, match=r"80,?000"):
+        op._spec("gpt-4o-mini", None)
+    op = _operator(source=_table(tmp_path, 30), job_dir=str(tmp_path / "job"), id_column="product_id")
+    op.chunk_size = "12"
+    assert [d["num_requests"] for d in op.execute({})] == [12, 12, 6]  # type: ignore[arg-type]
+    op.chunk_size = "a dozen"
+    with pytest.raises(InvalidInputError, match="whole number"):
+        op.execute({})  # type: ignore[arg-type]
 
 
 def test_sanitise_path_part() -> None:
