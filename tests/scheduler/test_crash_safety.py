@@ -87,9 +87,16 @@ def _counters(deployment: Deployment) -> dict[str, int]:
     return {name: int(stats[section][key]) for name, (section, key) in STAT_KEYS.items()}
 
 
+_POLL_COUNTERS = ("polls", "held")  # how often a batch's status was read: not part of what was billed
+
+
 def _run_batches(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
     listing = deployment.emulator_get("/_emulator/batches?custom_ids=1")["data"]
-    return [b for b in listing if (b.get("metadata") or {}).get("airflow_run_id") == run_id]
+    return [
+        {key: value for key, value in b.items() if key not in _POLL_COUNTERS}
+        for b in listing
+        if (b.get("metadata") or {}).get("airflow_run_id") == run_id
+    ]
 
 
 class JobRun:
