@@ -68,8 +68,10 @@ class ChunkOperator(BaseOperator):
         )
         SubmitBatchOperator.partial(task_id="submit").expand(chunk=chunks.output)
 
-    Bad input (missing columns, null or duplicate ids, blank prompts, a request over the byte
-    cap...) fails here with the rows named, before anything is submitted, and leaves no
+    Bad input (missing columns, null or duplicate ids, blank prompts or a row whose every template
+    value is blank, text that is not UTF-8, an unclosed csv quote, a request over the byte cap, a
+    model that cannot serve the endpoint...) fails here with the rows named, before anything is
+    submitted, and leaves no
     half-written files: chunks are written to a staging folder and moved into ``job_dir/chunks``
     only once the whole table validated. Re-running replaces ``job_dir/chunks`` with identical files.
 
