@@ -208,12 +208,15 @@ def join_results(
         pc.max_element_wise(kept.column("attempt"), resent.column("attempt"), skip_nulls=True),
         pa.scalar(1, pa.int32()),
     )
-    missing_error = pc.binary_join_element_wise("no result line for this custom_id in batch ", row_batch, "")
+    error = kept.column("error")
+    if where.null_count:  # rows no batch answered: say which batch they were sent in
+        missing_error = pc.binary_join_element_wise("no result line for this custom_id in batch ", row_batch, "")
+        error = pc.if_else(answered, error, missing_error)
     columns: dict[str, Any] = {
         "status": pc.coalesce(kept.column("status"), pa.scalar("missing")),
         "response": kept.column("response"),
         "finish_reason": kept.column("finish_reason"),
-        "error": pc.if_else(answered, kept.column("error"), missing_error),
+        "error": error,
         "input_tokens": kept.column("input_tokens"),
         "output_tokens": kept.column("output_tokens"),
         "batch_id": row_batch,

@@ -133,16 +133,14 @@ def openai_result_table(block: bytes, response_type: pa.DataType = TEXT) -> pa.T
             parsed = pj.read_json(io.BytesIO(block), parse_options=_PARSE)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             parsed = None  # a field of another type somewhere in the block: parse it line by line
-    lines: list[bytes] | None = None
     if parsed is None or parsed.column("custom_id").null_count:
-        lines = _lines(block)
-        return records_to_table((parse_openai_line(line) for line in lines), response_type)
+        return records_to_table(map(parse_openai_line, _lines(block)), response_type)
     common, table = _common_lines(parsed)
     if common.true_count == len(common):
         return table
     lines = _lines(block)
     if len(lines) != parsed.num_rows:  # the reader and the splitter disagree on lines: trust the splitter
-        return records_to_table((parse_openai_line(line) for line in lines), response_type)
+        return records_to_table(map(parse_openai_line, lines), response_type)
     others = pc.indices_nonzero(pc.invert(common)).to_pylist()
     rest = records_to_table((parse_openai_line(lines[i]) for i in others), response_type)
     merged = pa.concat_tables([table, rest])
