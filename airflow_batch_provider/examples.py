@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_batch_provider.storage import atomic_write, join, makedirs, to_path
+from airflow_batch_provider.utils.storage import atomic_write, join, makedirs, to_path
 
 _ADJECTIVES = ["compact", "deluxe", "eco", "classic", "smart", "portable", "premium", "vintage", "ultra", "mini"]
 _ITEMS = [

@@ -4,7 +4,7 @@ The process prints one JSON line: ``rows``, ``bytes`` (request bytes written for
 result bytes read for merge paths), ``seconds`` (the path itself, after imports) and
 ``peak_rss_mb`` (the process's high-water mark, ``VmHWM``, so each path's memory is its own).
 
-- ``chunk_project``: :func:`airflow_batch_provider.chunks.build_chunks`, as ChunkOperator calls it.
+- ``chunk_project``: :func:`airflow_batch_provider.chunking.chunks.build_chunks`, as ChunkOperator calls it.
 - ``chunk_reference``: stream the parquet in record batches, ``orjson.dumps`` each request into one file.
 - ``merge_project``: MergeResultsOperator over local output files, read by the project's
   LocalResultsHook (provider ``vllm``: results that are local files in the OpenAI output format).
@@ -45,8 +45,8 @@ class Stopwatch:
 
 def chunk_project(clock: Stopwatch, table: str, job_dir: str) -> tuple[int, int]:
     """Write the chunk files of ``table`` under ``job_dir`` with the project's chunk path."""
-    from airflow_batch_provider.chunks import build_chunks
-    from airflow_batch_provider.requests import RequestSpec
+    from airflow_batch_provider.chunking.chunks import build_chunks
+    from airflow_batch_provider.chunking.requests import RequestSpec
 
     spec = RequestSpec(
         provider="openai",

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from airflow_batch_provider.batches.line_retry import cancelled_by_us
 from airflow_batch_provider.emulator.faults import Faults, line_fate
 from airflow_batch_provider.exceptions import (
     BatchCancelledError,
@@ -31,12 +32,11 @@ from airflow_batch_provider.exceptions import (
 )
 from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
 from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
-from airflow_batch_provider.line_retry import cancelled_by_us
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
-from airflow_batch_provider.retry import RetryPolicy
 from airflow_batch_provider.sensors.batch import CHECKPOINT_KEY, BatchCompleteSensor
 from airflow_batch_provider.status import BatchStatus
+from airflow_batch_provider.utils.retry import RetryPolicy
 from tests.conftest import wait_terminal
 from tests.support import InMemoryTaskStateStore, make_context, write_chunk
 

@@ -17,8 +17,8 @@ from airflow_batch_provider.cost.advisor import (
     format_plan,
     plan_workload,
 )
+from airflow_batch_provider.cost.pricing import PRICING_FILE_ENV
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.pricing import PRICING_FILE_ENV
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from airflow_batch_provider.cost import CostEstimate, PricingArg, price_usage, usd
+from airflow_batch_provider.cost.estimate import CostEstimate, PricingArg, price_usage, usd
 from airflow_batch_provider.exceptions import InvalidInputError
 
 BATCH_MIN_REQUESTS_PER_DAY = 10_000

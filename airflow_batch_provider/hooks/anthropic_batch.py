@@ -21,15 +21,15 @@ import anthropic
 import httpx2
 import orjson
 
+from airflow_batch_provider.batches.line_retry import iter_with_restarts
+from airflow_batch_provider.chunking.limits import ANTHROPIC_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
-from airflow_batch_provider.limits import ANTHROPIC_LIMITS, ProviderLimits
-from airflow_batch_provider.line_retry import iter_with_restarts
-from airflow_batch_provider.results import parse_anthropic_result
-from airflow_batch_provider.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
+from airflow_batch_provider.results.parse import parse_anthropic_result
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.storage import to_path
+from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
+from airflow_batch_provider.utils.storage import to_path
 
 # Allowed clock difference between this worker and the provider when matching by creation time.
 CLOCK_SKEW_S = 120.0

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseHook
 
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
-from airflow_batch_provider.limits import ProviderLimits
 from airflow_batch_provider.status import BatchState
 
 if TYPE_CHECKING:
@@ -56,13 +56,13 @@ class BatchHook(BaseHook, ABC):
         """Yield every result of a terminal batch, streamed, in the provider's (arbitrary) order."""
 
     def iter_result_tables(self, state: BatchState, response_type: pa.DataType) -> Iterator[pa.Table]:
-        """Yield the results of a terminal batch as Arrow tables (:mod:`~airflow_batch_provider.result_table`).
+        """Yield the results of a terminal batch as Arrow tables (:mod:`~airflow_batch_provider.results.table`).
 
         ``response_type`` is the ``response`` column's type (text, or a float list for embeddings).
         The default builds them from :meth:`iter_results`; hooks whose results come in the OpenAI
         batch output format read blocks of lines straight into columns instead.
         """
-        from airflow_batch_provider.result_table import iter_record_tables
+        from airflow_batch_provider.results.table import iter_record_tables
 
         return iter_record_tables(self.iter_results(state), response_type)
 

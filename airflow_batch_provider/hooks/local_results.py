@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
+from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
 from airflow_batch_provider.exceptions import BatchProviderError, InvalidInputError
 from airflow_batch_provider.hooks.base import BatchHook
-from airflow_batch_provider.limits import OPENAI_LIMITS, ProviderLimits
-from airflow_batch_provider.results import parse_openai_line
+from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.storage import atomic_write, join, to_path
+from airflow_batch_provider.utils.storage import atomic_write, join, to_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -279,7 +279,7 @@ class LocalResultsHook(BatchHook):
     """Read result files that a self-hosted operator wrote; there is nothing to submit, poll or cancel.
 
     ``iter_results`` streams ``state.output_file_id`` (and ``state.error_file_id`` when set),
-    local paths or object-storage URLs, through :func:`~airflow_batch_provider.results.parse_openai_line`.
+    local paths or object-storage URLs, through :func:`~airflow_batch_provider.results.parse.parse_openai_line`.
     The connection id is accepted for interface compatibility and ignored.
     """
 
@@ -322,7 +322,7 @@ class LocalResultsHook(BatchHook):
 
     def iter_result_tables(self, state: BatchState, response_type: pa.DataType) -> Iterator[pa.Table]:
         """Yield the output file's results (then the error file's) as Arrow tables, read in 16 MB blocks."""
-        from airflow_batch_provider.result_table import openai_result_table, read_blocks
+        from airflow_batch_provider.results.table import openai_result_table, read_blocks
 
         for path in (state.output_file_id, state.error_file_id):
             if path:

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import httpx2
 import openai
 
+from airflow_batch_provider.batches.line_retry import iter_with_restarts
+from airflow_batch_provider.batches.token_budget import tokens_from_metadata
+from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
-from airflow_batch_provider.limits import OPENAI_LIMITS, ProviderLimits
-from airflow_batch_provider.line_retry import iter_with_restarts
-from airflow_batch_provider.results import parse_openai_line
-from airflow_batch_provider.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
+from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.storage import to_path
-from airflow_batch_provider.token_budget import tokens_from_metadata
+from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
+from airflow_batch_provider.utils.storage import to_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -301,7 +301,7 @@ class OpenAIBatchHook(BatchHook):
 
     def iter_result_tables(self, state: BatchState, response_type: pa.DataType) -> Iterator[pa.Table]:
         """Yield the output file's results, then the error file's, as Arrow tables of up to 65,536 lines."""
-        from airflow_batch_provider.result_table import join_lines, openai_result_table
+        from airflow_batch_provider.results.table import join_lines, openai_result_table
 
         for file_id in (state.output_file_id, state.error_file_id):
             if file_id:

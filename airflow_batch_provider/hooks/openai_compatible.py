@@ -5,7 +5,7 @@ llama.cpp's server — and for the emulator's realtime routes. Each chunk line i
 (``/v1/chat/completions`` or ``/v1/embeddings``) through the async ``openai`` SDK, with at most
 ``max_concurrency`` requests in flight: enough to keep the server's continuous batching full
 without queueing the whole chunk on it. 429, 5xx and connection errors are retried with backoff
-(the SDK's own retries, then :mod:`airflow_batch_provider.retry`'s policy above them); a request
+(the SDK's own retries, then :mod:`airflow_batch_provider.utils.retry`'s policy above them); a request
 that still fails becomes an error line in the output, never a failed chunk.
 
 Connection (type ``openai_compatible``, default id ``openai_compatible_default``): the base URL
@@ -33,7 +33,7 @@ from airflow.sdk import BaseHook
 from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.local_results import ResultCounts, error_line, success_line
 from airflow_batch_provider.hooks.openai_batch import classify_openai_error
-from airflow_batch_provider.retry import RetryPolicy, acall_with_retries
+from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_batch_provider import storage
-from airflow_batch_provider.chunks import (
+from airflow_batch_provider.chunking.chunks import (
     CHUNKS_DIR,
     DEFAULT_CHUNK_SIZE,
     build_chunks,
@@ -18,7 +17,10 @@ from airflow_batch_provider.chunks import (
     check_chunk_size,
     check_map_length,
 )
-from airflow_batch_provider.cost import (
+from airflow_batch_provider.chunking.incremental import SkipStats, apply_skip_unchanged, carried_summary, load_previous
+from airflow_batch_provider.chunking.requests import RequestSpec, check_endpoint, default_endpoint
+from airflow_batch_provider.chunking.templates import PromptTemplate
+from airflow_batch_provider.cost.estimate import (
     CostEstimate,
     check_budget,
     combine_costs,
@@ -28,11 +30,9 @@ from airflow_batch_provider.cost import (
 )
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.incremental import SkipStats, apply_skip_unchanged, carried_summary, load_previous
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.requests import RequestSpec, check_endpoint, default_endpoint
-from airflow_batch_provider.structured import SCHEMA_FILE, save_schema
-from airflow_batch_provider.templates import PromptTemplate
+from airflow_batch_provider.results.structured import SCHEMA_FILE, save_schema
+from airflow_batch_provider.utils import storage
 
 WORK_DIR_ENV = "AIRFLOW_BATCH_WORK_DIR"
 _UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -104,10 +104,10 @@ class ChunkOperator(BaseOperator):
         (USD). Templated, so it can come from a Param.
     :param expected_output_tokens: output tokens per request for the estimate (default: the
         request's ``max_tokens``).
-    :param pricing: price overrides (a dict or a file path); see ``airflow_batch_provider.pricing``.
+    :param pricing: price overrides (a dict or a file path); see ``airflow_batch_provider.cost.pricing``.
     :param skip_unchanged: send only rows that are new or whose request changed since
         ``previous_output`` was written; unchanged rows keep their stored result (see
-        ``airflow_batch_provider.incremental``).
+        ``airflow_batch_provider.chunking.incremental``).
     :param previous_output: the merged dataset of earlier runs (usually MergeResultsOperator's
         ``output_dir``). Templated.
     """

@@ -9,11 +9,12 @@ from typing import Any
 import orjson
 from airflow.sdk import Asset, BaseOperator, Context
 
-from airflow_batch_provider.cost import UsageTally, cost_summary
+from airflow_batch_provider.cost.estimate import UsageTally, cost_summary
 from airflow_batch_provider.descriptors import CompletedBatch
 from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
-from airflow_batch_provider.merge import (
+from airflow_batch_provider.metrics import BatchMetrics
+from airflow_batch_provider.results.merge import (
     SUMMARY_FILE,
     MergeStats,
     PartSink,
@@ -22,8 +23,7 @@ from airflow_batch_provider.merge import (
     part_name,
     remove_stale_parts,
 )
-from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.storage import atomic_write, join, makedirs
+from airflow_batch_provider.utils.storage import atomic_write, join, makedirs
 
 
 class MergeResultsOperator(BaseOperator):

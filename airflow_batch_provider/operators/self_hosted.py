@@ -23,7 +23,7 @@ from airflow_batch_provider.hooks.local_results import (
     results_path,
     write_meta,
 )
-from airflow_batch_provider.storage import atomic_write
+from airflow_batch_provider.utils.storage import atomic_write
 
 CHUNK_LABEL_TEMPLATE = "{{ task.chunk['label'] }}"
 

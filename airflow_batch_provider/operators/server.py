@@ -24,7 +24,7 @@ from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.local_results import ResultCounts, iter_requests, request_id
 from airflow_batch_provider.hooks.openai_compatible import OpenAICompatibleHook, ServerRequest
 from airflow_batch_provider.operators.self_hosted import CHUNK_LABEL_TEMPLATE, SelfHostedGenerateOperator
-from airflow_batch_provider.retry import RetryPolicy
+from airflow_batch_provider.utils.retry import RetryPolicy
 
 DEFAULT_MAX_CONCURRENCY = 64
 

@@ -8,7 +8,7 @@ batch exists (OpenAI: batch metadata carries the idempotency key). :func:`submit
 that logic; BatchCompleteSensor uses it too for its follow-up (line retry) batches.
 
 With ``token_budget`` the operator also keeps the input tokens enqueued per model under a
-budget before creating a batch (see :mod:`airflow_batch_provider.token_budget`).
+budget before creating a batch (see :mod:`airflow_batch_provider.batches.token_budget`).
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
-from airflow_batch_provider.checkpoint import Checkpoint
-from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
-from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
-from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
-from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.status import BatchStatus
-from airflow_batch_provider.token_budget import (
+from airflow_batch_provider.batches.checkpoint import Checkpoint
+from airflow_batch_provider.batches.token_budget import (
     BudgetCheck,
     budget_for,
     check_budget_value,
     estimate_file_tokens,
     token_metadata,
 )
+from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
+from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
+from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
+from airflow_batch_provider.metrics import BatchMetrics
+from airflow_batch_provider.status import BatchStatus
 
 CHECKPOINT_KEY = "batch_submission"
 IDEMPOTENCY_METADATA_KEY = "airflow_idempotency_key"

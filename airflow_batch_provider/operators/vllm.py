@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from airflow_batch_provider import vllm_engine
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.hooks import vllm_engine
 from airflow_batch_provider.hooks.local_results import (
     ResultCounts,
     error_line,

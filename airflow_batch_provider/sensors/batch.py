@@ -5,7 +5,7 @@ ends, the sensor decides:
 
 - ``completed`` or ``expired``: the lines that failed for a passing reason (HTTP 429/5xx,
   server errors, expired lines, lines with no result) go out again as a follow-up batch of
-  only those lines (see :mod:`airflow_batch_provider.line_retry`), up to ``max_line_retries``
+  only those lines (see :mod:`airflow_batch_provider.batches.line_retry`), up to ``max_line_retries``
   times; each follow-up is checkpointed like a submission, so a retried task reattaches to it.
   Expiry never raises here: what finished is kept, what expired is retried, and whatever still
   failed after the last attempt is judged by MergeResultsOperator's ``max_failure_ratio``.
@@ -36,7 +36,17 @@ from typing import Any, cast
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowTaskTimeout
 
-from airflow_batch_provider.checkpoint import Checkpoint
+from airflow_batch_provider.batches.checkpoint import Checkpoint
+from airflow_batch_provider.batches.line_retry import (
+    DEFAULT_MAX_LINE_RETRIES,
+    attempt_chunk,
+    cancelled_by_us,
+    followup_chunk,
+    mark_cancelled_by_us,
+    nothing_to_retry,
+    plan_followup,
+)
+from airflow_batch_provider.batches.token_budget import is_token_limit_refusal, refusal_step
 from airflow_batch_provider.descriptors import ChunkDescriptor, CompletedBatch, SubmittedBatch
 from airflow_batch_provider.exceptions import (
     BatchCancelledError,
@@ -48,20 +58,10 @@ from airflow_batch_provider.exceptions import (
     BatchTimeoutError,
 )
 from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
-from airflow_batch_provider.line_retry import (
-    DEFAULT_MAX_LINE_RETRIES,
-    attempt_chunk,
-    cancelled_by_us,
-    followup_chunk,
-    mark_cancelled_by_us,
-    nothing_to_retry,
-    plan_followup,
-)
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.operators.submit import submit_tagged
 from airflow_batch_provider.status import BatchState, BatchStatus
-from airflow_batch_provider.token_budget import is_token_limit_refusal, refusal_step
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 
 # Slightly over the providers' 24 h completion window: the provider expires the batch first.

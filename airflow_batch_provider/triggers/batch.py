@@ -19,10 +19,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_batch_provider.batches.line_retry import mark_cancelled_by_us
 from airflow_batch_provider.exceptions import BatchProviderError
 from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
-from airflow_batch_provider.line_retry import mark_cancelled_by_us
-from airflow_batch_provider.retry import NO_RETRY
+from airflow_batch_provider.utils.retry import NO_RETRY
 
 
 class BatchCompleteTrigger(BaseTrigger):

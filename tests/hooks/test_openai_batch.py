@@ -9,8 +9,8 @@ import pytest
 
 from airflow_batch_provider.exceptions import ProviderCallError, UnknownBatchStatusError
 from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook, map_openai_status
-from airflow_batch_provider.retry import RetryPolicy
 from airflow_batch_provider.status import BatchStatus
+from airflow_batch_provider.utils.retry import RetryPolicy
 from tests.conftest import wait_terminal
 from tests.support import chat_line, write_chunk
 

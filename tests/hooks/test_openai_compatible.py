@@ -16,7 +16,7 @@ from airflow_batch_provider.hooks.openai_compatible import (
     ServerRequest,
     normalise_base_url,
 )
-from airflow_batch_provider.retry import RetryPolicy
+from airflow_batch_provider.utils.retry import RetryPolicy
 
 FAST = RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05)
 

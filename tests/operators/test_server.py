@@ -14,8 +14,8 @@ from airflow_batch_provider.emulator.synth import chat_completion
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
-from airflow_batch_provider.retry import RetryPolicy
 from airflow_batch_provider.status import BatchState, BatchStatus
+from airflow_batch_provider.utils.retry import RetryPolicy
 from tests.support import InMemoryTaskStateStore, chat_line, make_context, write_chunk
 
 FAST = RetryPolicy(attempts=6, base_delay=0.01, max_delay=0.05)

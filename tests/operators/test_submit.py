@@ -6,6 +6,15 @@ import logging
 
 import pytest
 
+from airflow_batch_provider.batches.token_budget import (
+    CHUNK_TOKENS_KEY,
+    MODEL_KEY,
+    BudgetCheck,
+    budget_for,
+    estimate_file_tokens,
+    is_token_limit_refusal,
+    refusal_step,
+)
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
 from airflow_batch_provider.operators.submit import (
@@ -16,15 +25,6 @@ from airflow_batch_provider.operators.submit import (
     submit_tagged,
 )
 from airflow_batch_provider.status import BatchState, BatchStatus
-from airflow_batch_provider.token_budget import (
-    CHUNK_TOKENS_KEY,
-    MODEL_KEY,
-    BudgetCheck,
-    budget_for,
-    estimate_file_tokens,
-    is_token_limit_refusal,
-    refusal_step,
-)
 from tests.conftest import wait_terminal
 from tests.support import InMemoryTaskStateStore, make_context, write_chunk
 

@@ -1,7 +1,7 @@
 """vLLMGenerateOperator end to end with a stand-in engine, and the vLLM factory's version detection.
 
 No GPU and no vllm wheel are available here (vllm pins torch + CUDA), so every test that runs
-the operator substitutes ``airflow_batch_provider.vllm_engine.create_engine`` with a stand-in
+the operator substitutes ``airflow_batch_provider.hooks.vllm_engine.create_engine`` with a stand-in
 whose ``LLM.chat`` / ``LLM.embed`` / ``SamplingParams`` have vLLM's call signatures and return
 objects shaped like vLLM's ``RequestOutput`` / ``EmbeddingRequestOutput``. Each test says so.
 """
@@ -20,21 +20,21 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider import vllm_engine
 from airflow_batch_provider.exceptions import BatchProviderError, InvalidInputError
+from airflow_batch_provider.hooks import vllm_engine
 from airflow_batch_provider.hooks.base import get_batch_hook, hook_class_for
 from airflow_batch_provider.hooks.local_results import VLLMResultsHook, meta_path
-from airflow_batch_provider.operators.merge import MergeResultsOperator
-from airflow_batch_provider.operators.server import ServerGenerateOperator
-from airflow_batch_provider.operators.vllm import vLLMGenerateOperator
-from airflow_batch_provider.status import BatchState, BatchStatus
-from airflow_batch_provider.vllm_engine import (
+from airflow_batch_provider.hooks.vllm_engine import (
     INSTALL_HINT,
     EngineUnavailableError,
     UnsupportedRequestError,
     VLLMEngine,
     sampling_kwargs,
 )
+from airflow_batch_provider.operators.merge import MergeResultsOperator
+from airflow_batch_provider.operators.server import ServerGenerateOperator
+from airflow_batch_provider.operators.vllm import vLLMGenerateOperator
+from airflow_batch_provider.status import BatchState, BatchStatus
 from tests.support import InMemoryTaskStateStore, chat_line, make_context, write_chunk
 
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]

@@ -6,7 +6,7 @@ import asyncio
 import importlib
 import time
 
-from airflow_batch_provider.line_retry import cancelled_by_us
+from airflow_batch_provider.batches.line_retry import cancelled_by_us
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 from tests.conftest import wait_terminal
 from tests.support import write_chunk

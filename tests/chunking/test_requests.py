@@ -10,8 +10,7 @@ import pyarrow as pa
 import pydantic
 import pytest
 
-from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.requests import (
+from airflow_batch_provider.chunking.requests import (
     AnthropicRenderer,
     OpenAIRenderer,
     RequestSpec,
@@ -19,7 +18,8 @@ from airflow_batch_provider.requests import (
     request_fingerprint,
     strict_json_schema,
 )
-from airflow_batch_provider.templates import json_strings
+from airflow_batch_provider.chunking.templates import json_strings
+from airflow_batch_provider.exceptions import InvalidInputError
 
 TRICKY_TEXTS = [
     "plain",

@@ -10,14 +10,14 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.templates import (
+from airflow_batch_provider.chunking.templates import (
     PromptTemplate,
     RowProblems,
     json_escape,
     json_strings,
     to_string_array,
 )
+from airflow_batch_provider.exceptions import InvalidInputError
 
 
 @pytest.mark.parametrize(

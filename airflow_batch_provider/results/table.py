@@ -10,7 +10,7 @@ them block by block (:meth:`~airflow_batch_provider.hooks.base.BatchHook.iter_re
   case — no ``error``, HTTP 200, a text ``message.content``, ``usage`` with both token counts —
   are taken from those columns as they are. Every other line (an error, a tool call, a refusal,
   embeddings, the Responses API, anything unexpected) is parsed by
-  :func:`~airflow_batch_provider.results.parse_openai_line`, the one place that knows the format's
+  :func:`~airflow_batch_provider.results.parse.parse_openai_line`, the one place that knows the format's
   corners; so is a whole block that does not fit the schema (a field of another type). The two
   paths give the same record for the same line; the tests hold them side by side.
 - Any other format (Anthropic) is built from the hook's records by :func:`records_to_table`.
@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from airflow_batch_provider.descriptors import ResultRecord
-from airflow_batch_provider.results import parse_openai_line
+from airflow_batch_provider.results.parse import parse_openai_line
 
 RESULT_FIELDS = (
     "custom_id",
@@ -125,7 +125,7 @@ def openai_result_table(block: bytes, response_type: pa.DataType = TEXT) -> pa.T
     """Return the result table of a block of OpenAI batch output/error lines (blank lines skipped).
 
     Raises :class:`~airflow_batch_provider.exceptions.ResultsError` on an unreadable line, as
-    :func:`~airflow_batch_provider.results.parse_openai_line` does.
+    :func:`~airflow_batch_provider.results.parse.parse_openai_line` does.
     """
     parsed = None
     if response_type == TEXT:

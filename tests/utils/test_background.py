@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from airflow_batch_provider.background import run_ahead
+from airflow_batch_provider.utils.background import run_ahead
 
 
 def test_items_come_in_order_from_another_thread():

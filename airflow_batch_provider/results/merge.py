@@ -6,10 +6,10 @@ step, in source order) and that chunk's results are joined, written to
 Re-running rewrites the same part files, so the dataset never holds a row twice.
 
 A chunk may have been sent more than once (line retries, see
-:mod:`airflow_batch_provider.line_retry`): every attempt's results are read in order and, per
+:mod:`airflow_batch_provider.batches.line_retry`): every attempt's results are read in order and, per
 custom_id, the last attempt's result wins. The ``attempts`` column says how many batches
 carried the row (1 = first try only; 0 = not sent this run: an unchanged row whose stored
-result was carried over by ``skip_unchanged``, see :mod:`airflow_batch_provider.incremental`);
+result was carried over by ``skip_unchanged``, see :mod:`airflow_batch_provider.chunking.incremental`);
 ``batch_id`` names the batch whose result was kept.
 """
 
@@ -25,16 +25,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_batch_provider.cost import cost_rows
+from airflow_batch_provider.batches.line_retry import describe_failure, read_custom_ids, retry_path
+from airflow_batch_provider.chunking.incremental import read_carried
+from airflow_batch_provider.cost.estimate import cost_rows
 from airflow_batch_provider.descriptors import CompletedBatch, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
-from airflow_batch_provider.incremental import read_carried
-from airflow_batch_provider.line_retry import describe_failure, read_custom_ids, retry_path
-from airflow_batch_provider.result_table import EMBEDDING, TEXT, concat_results, records_to_table, result_schema
+from airflow_batch_provider.results.structured import OutputValidator
+from airflow_batch_provider.results.table import EMBEDDING, TEXT, concat_results, records_to_table, result_schema
 from airflow_batch_provider.status import BatchState
-from airflow_batch_provider.storage import atomic_write, join, to_path
-from airflow_batch_provider.structured import OutputValidator
+from airflow_batch_provider.utils.storage import atomic_write, join, to_path
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class MergeStats:
 class ChunkResults:
     """Every result a chunk's attempts returned, ranked, plus who was sent again.
 
-    ``results`` has the result columns (:data:`~airflow_batch_provider.result_table.RESULT_FIELDS`)
+    ``results`` has the result columns (:data:`~airflow_batch_provider.results.table.RESULT_FIELDS`)
     plus ``batch_id`` and ``attempt`` (0 = carried over by ``skip_unchanged``, 1 = first batch,
     2+ = follow-ups), ordered so that the first row for a custom_id is the one to keep: the
     latest attempt, then the most useful status (succeeded before invalid_output, errored,

@@ -15,8 +15,8 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider import chunks, tables
-from airflow_batch_provider.chunks import (
+from airflow_batch_provider.chunking import chunks, tables
+from airflow_batch_provider.chunking.chunks import (
     CHUNKS_DIR,
     MANIFEST_NAME,
     build_chunks,
@@ -24,8 +24,8 @@ from airflow_batch_provider.chunks import (
     derive_custom_id,
     write_chunks,
 )
+from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
-from airflow_batch_provider.requests import RequestSpec, renderer_for
 
 TEMPLATE = "Classify this product: {title}\n{description}"
 OPENAI = RequestSpec(provider="openai", model="gpt-4o-mini", system_prompt="Be brief.", params={"max_tokens": 5})

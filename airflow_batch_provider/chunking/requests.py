@@ -9,7 +9,7 @@ once with two sentinel strings in place of the custom id and the user text, spli
 at the sentinels, and per row only splices in ``orjson.dumps(custom_id)`` and
 ``orjson.dumps(text)`` (each a correctly escaped JSON string). :meth:`RequestRenderer.render_arrays`
 does the same for a whole record batch with Arrow kernels (ids and texts escaped exactly as orjson
-does it, see :func:`~airflow_batch_provider.templates.json_escape`), leaving only the per-row
+does it, see :func:`~airflow_batch_provider.chunking.templates.json_escape`), leaving only the per-row
 sha256 of the fingerprint in Python.
 :meth:`RequestRenderer.request_dict` builds the same request as a plain dict; it is the single
 source of truth and what the tests compare against.
@@ -29,10 +29,10 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
+from airflow_batch_provider.chunking.templates import concat, json_escape
+from airflow_batch_provider.chunking.validation import check_model_endpoint
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.limits import ProviderLimits, limits_for
-from airflow_batch_provider.templates import concat, json_escape
-from airflow_batch_provider.validation import check_model_endpoint
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
@@ -107,7 +107,7 @@ class RequestSpec:
     :attr:`json_schema` and :attr:`schema_name`. Invalid combinations raise InvalidInputError
     on construction, including a model whose name says it cannot serve the endpoint (an
     embedding model on chat, a chat model on embeddings; see
-    :func:`~airflow_batch_provider.validation.check_model_endpoint`).
+    :func:`~airflow_batch_provider.chunking.validation.check_model_endpoint`).
     """
 
     provider: str
@@ -344,8 +344,8 @@ class RequestRenderer(ABC):
         """Render a batch: the same lines and fingerprints as :meth:`render_many`, built by Arrow kernels.
 
         ``custom_ids`` is a string array; ``json_texts`` holds each user text as a JSON string
-        literal (:meth:`PromptTemplate.render_json <airflow_batch_provider.templates.PromptTemplate.render_json>`
-        or :func:`~airflow_batch_provider.templates.json_strings`). Neither may hold nulls.
+        literal (:meth:`~airflow_batch_provider.chunking.templates.PromptTemplate.render_json`
+        or :func:`~airflow_batch_provider.chunking.templates.json_strings`). Neither may hold nulls.
         """
         lines, bodies = self.render_lines(custom_ids, json_texts)
         return RenderedRequests(lines, self.fingerprints(bodies))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_batch_provider.merge import ChunkResults, join_results
-from airflow_batch_provider.structured import OutputValidator
+from airflow_batch_provider.results.merge import ChunkResults, join_results
+from airflow_batch_provider.results.structured import OutputValidator
 
 SCHEMA = {
     "type": "object",

@@ -1,7 +1,7 @@
 """Turn a table into provider-ready JSONL chunk files, validated before anything is submitted.
 
 The table (parquet, csv or jsonl; one file or a folder of them; local or any ``ObjectStoragePath``
-URL; see :mod:`airflow_batch_provider.tables`) is streamed in record batches, so memory stays flat
+URL; see :mod:`airflow_batch_provider.chunking.tables`) is streamed in record batches, so memory stays flat
 however many rows it has — except the duplicate-id check, which keeps 8 bytes per row (see
 :func:`_report_duplicates`). Each batch is rendered into request lines and cut into chunks by
 request count and byte cap.
@@ -40,21 +40,21 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from airflow_batch_provider import storage
-from airflow_batch_provider.background import run_ahead
-from airflow_batch_provider.descriptors import ChunkDescriptor
-from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
-from airflow_batch_provider.limits import ProviderLimits, limits_for
-from airflow_batch_provider.requests import RenderedRequests, RequestSpec, renderer_for
-from airflow_batch_provider.tables import (  # TableReader and these names used to live here: still importable
+from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
+from airflow_batch_provider.chunking.requests import RenderedRequests, RequestSpec, renderer_for
+from airflow_batch_provider.chunking.tables import (  # TableReader and these names used to live here: still importable
     CUSTOM_ID,
     DEFAULT_BATCH_ROWS,
     FINGERPRINT,
     TableReader,
     select_columns,
 )
-from airflow_batch_provider.templates import PromptTemplate, RowProblems, to_string_array
-from airflow_batch_provider.validation import check_utf8
+from airflow_batch_provider.chunking.templates import PromptTemplate, RowProblems, to_string_array
+from airflow_batch_provider.chunking.validation import check_utf8
+from airflow_batch_provider.descriptors import ChunkDescriptor
+from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
+from airflow_batch_provider.utils import storage
+from airflow_batch_provider.utils.background import run_ahead
 
 CHUNKS_DIR = "chunks"
 MANIFEST_NAME = "manifest.json"

@@ -21,15 +21,15 @@ from typing import Any
 import orjson
 import pytest
 
-from airflow_batch_provider import tokens
-from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.tokens import (
+from airflow_batch_provider.cost import tokens
+from airflow_batch_provider.cost.tokens import (
     DEFAULT_OUTPUT_TOKENS,
     TokenCounter,
     count_request_tokens,
     estimate_input_tokens,
     request_parts,
 )
+from airflow_batch_provider.exceptions import InvalidInputError
 
 # text, o200k_base tokens, cl100k_base tokens (tiktoken 0.14)
 PINNED = [

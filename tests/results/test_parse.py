@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from airflow_batch_provider.exceptions import ResultsError
-from airflow_batch_provider.results import parse_openai_line
+from airflow_batch_provider.results.parse import parse_openai_line
 
 
 def _ok(body: dict) -> bytes:

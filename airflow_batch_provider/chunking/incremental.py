@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_batch_provider.descriptors import ChunkDescriptor
-from airflow_batch_provider.storage import atomic_write, to_path
+from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ def read_carried(carry_path: str) -> pa.Table:
     """Return the carried results of one chunk: a result table plus ``batch_id`` (the batch that answered).
 
     Carried rows succeeded before (HTTP 200); the columns follow
-    :func:`~airflow_batch_provider.result_table.result_schema`.
+    :func:`~airflow_batch_provider.results.table.result_schema`.
     """
     with to_path(carry_path).open("rb") as handle:
         table = pq.read_table(handle)

@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
-from airflow_batch_provider.cost import (
+from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
+from airflow_batch_provider.cost.__main__ import main
+from airflow_batch_provider.cost.advisor import duration, plan_workload, realtime_minutes, recommend
+from airflow_batch_provider.cost.estimate import (
     CostEstimate,
     UsageTally,
     check_budget,
@@ -24,14 +27,11 @@ from airflow_batch_provider.cost import (
     price_usage,
     usd,
 )
-from airflow_batch_provider.cost.__main__ import main
-from airflow_batch_provider.cost.advisor import duration, plan_workload, realtime_minutes, recommend
+from airflow_batch_provider.cost.pricing import PRICING_FILE_ENV
+from airflow_batch_provider.cost.tokens import count_request_tokens
 from airflow_batch_provider.exceptions import CostLimitExceededError, InvalidInputError
-from airflow_batch_provider.pricing import PRICING_FILE_ENV
-from airflow_batch_provider.requests import RequestSpec, renderer_for
-from airflow_batch_provider.tokens import count_request_tokens
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from airflow_batch_provider.exceptions import ProviderCallError, ResultsError
-from airflow_batch_provider.line_retry import (
+from airflow_batch_provider.batches.line_retry import (
     AttemptScan,
     attempt_requests_path,
     cancelled_by_us,
@@ -25,9 +24,10 @@ from airflow_batch_provider.line_retry import (
     scan_attempt,
     write_followup,
 )
-from airflow_batch_provider.results import parse_anthropic_result, parse_openai_line
-from airflow_batch_provider.retry import RetryPolicy
+from airflow_batch_provider.exceptions import ProviderCallError, ResultsError
+from airflow_batch_provider.results.parse import parse_anthropic_result, parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
+from airflow_batch_provider.utils.retry import RetryPolicy
 from tests.support import write_chunk
 
 

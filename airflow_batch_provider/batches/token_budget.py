@@ -33,7 +33,7 @@ from typing import Any
 
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.status import BatchState, BatchStatus
-from airflow_batch_provider.storage import to_path
+from airflow_batch_provider.utils.storage import to_path
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _lines(path: str) -> Iterator[bytes]:
 def estimate_file_tokens(path: str, model: str, provider: str | None = None) -> int:
     """Estimate the input tokens of a requests file (``tokens.estimate_input_tokens``, else chars / 4)."""
     try:
-        from airflow_batch_provider.tokens import estimate_input_tokens
+        from airflow_batch_provider.cost.tokens import estimate_input_tokens
 
         return int(estimate_input_tokens(_lines(path), model, provider=provider, exact=False))
     except Exception as exc:  # an odd line or a missing module must not block submitting

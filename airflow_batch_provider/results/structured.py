@@ -15,7 +15,7 @@ import jsonschema
 import orjson
 import pyarrow as pa
 
-from airflow_batch_provider.storage import atomic_write, to_path
+from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 SCHEMA_FILE = "schema.json"
 

@@ -1,4 +1,4 @@
-"""The checks in airflow_batch_provider.validation: csv quotes that would merge rows, text that is not UTF-8."""
+"""The checks in airflow_batch_provider.chunking.validation: csv quotes that would merge rows, text that is not UTF-8."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from airflow_batch_provider import tables
+from airflow_batch_provider.chunking import tables
+from airflow_batch_provider.chunking.tables import TableReader
+from airflow_batch_provider.chunking.templates import RowProblems
+from airflow_batch_provider.chunking.validation import check_csv_quotes, check_utf8
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.tables import TableReader
-from airflow_batch_provider.templates import RowProblems
-from airflow_batch_provider.validation import check_csv_quotes, check_utf8
 
 BLOCK_SIZES = (1, 2, 3, 7, 1 << 20)
 

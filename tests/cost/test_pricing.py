@@ -8,13 +8,13 @@ from typing import Any
 import orjson
 import pytest
 
-from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.pricing import (
+from airflow_batch_provider.cost.pricing import (
     PRICING_FILE_ENV,
     PricingTable,
     default_pricing,
     load_pricing,
 )
+from airflow_batch_provider.exceptions import InvalidInputError
 
 
 @pytest.fixture(autouse=True)

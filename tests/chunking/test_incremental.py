@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.incremental import apply_skip_unchanged, load_previous, read_carried
-from airflow_batch_provider.merge import collect_attempts
+from airflow_batch_provider.chunking.incremental import apply_skip_unchanged, load_previous, read_carried
+from airflow_batch_provider.results.merge import collect_attempts
 from tests.support import write_chunk
 
 

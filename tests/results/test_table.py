@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 from airflow_batch_provider.exceptions import ResultsError
-from airflow_batch_provider.merge import ChunkResults, _tagged, join_results, rank_results
-from airflow_batch_provider.result_table import (
+from airflow_batch_provider.results.merge import ChunkResults, _tagged, join_results, rank_results
+from airflow_batch_provider.results.parse import parse_openai_line
+from airflow_batch_provider.results.table import (
     EMBEDDING,
     RESULT_FIELDS,
     TEXT,
@@ -18,7 +19,6 @@ from airflow_batch_provider.result_table import (
     read_blocks,
     records_to_table,
 )
-from airflow_batch_provider.results import parse_openai_line
 
 
 def _line(custom_id: str, *, response: object = None, error: object = None) -> bytes:
@@ -77,7 +77,7 @@ def test_a_block_of_common_lines_is_read_without_the_line_parser(monkeypatch):
     def refuse(line: bytes) -> None:
         raise AssertionError(f"the line parser was called for {line[:40]!r}")
 
-    monkeypatch.setattr("airflow_batch_provider.result_table.parse_openai_line", refuse)
+    monkeypatch.setattr("airflow_batch_provider.results.table.parse_openai_line", refuse)
     lines = [_ok(f"id-{i}", content=f"answer {i}") for i in range(1000)]
     table = openai_result_table(b"\n".join(lines))
     assert table.num_rows == 1000

@@ -16,10 +16,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_batch_provider import storage
+from airflow_batch_provider.chunking.templates import PromptTemplate
+from airflow_batch_provider.chunking.validation import check_csv_quotes
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.templates import PromptTemplate
-from airflow_batch_provider.validation import check_csv_quotes
+from airflow_batch_provider.utils import storage
 
 # Columns the chunk step adds to each rows file next to the source columns.
 CUSTOM_ID = "custom_id"
@@ -61,7 +61,7 @@ class TableReader:
 
     ``string_columns`` are read as text from csv (no type inference) so ids such as ``00123``
     and prompt values keep their exact spelling. Before a csv file is parsed its quotes are
-    checked (:func:`~airflow_batch_provider.validation.check_csv_quotes`, one extra vectorised
+    checked (:func:`~airflow_batch_provider.chunking.validation.check_csv_quotes`, one extra vectorised
     pass over the bytes): the csv reader would otherwise read the rows after an unclosed quote
     into one value, silently.
     """

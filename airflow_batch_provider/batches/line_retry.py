@@ -39,9 +39,9 @@ import orjson
 
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import ProviderCallError, ResultsError
-from airflow_batch_provider.retry import Classifier, RetryPolicy
 from airflow_batch_provider.status import BatchState
-from airflow_batch_provider.storage import atomic_write, join, to_path
+from airflow_batch_provider.utils.retry import Classifier, RetryPolicy
+from airflow_batch_provider.utils.storage import atomic_write, join, to_path
 
 if TYPE_CHECKING:
     from airflow_batch_provider.hooks.base import BatchHook

@@ -1,0 +1,306 @@
+"""Price a batch job before it is submitted and after it ran, and compare it with real time.
+
+Before: :func:`estimate_chunks_cost` counts the tokens of the chunk files the chunk step wrote
+(see :mod:`airflow_batch_provider.cost.tokens` for how) and prices them; :func:`check_budget` raises
+:class:`~airflow_batch_provider.exceptions.CostLimitExceededError` when the batch estimate is over
+``max_cost_usd``, before anything is uploaded. After: :class:`UsageTally` adds up the usage the
+provider reported per model and :func:`price_usage` prices it. Every estimate carries the
+real-time price of the same tokens, so the run summary can say what batch saved
+(:func:`comparison_line`, :func:`cost_summary`).
+
+A model without a known price gives an estimate whose USD fields are None (cost is optional),
+unless ``require_price=True``; :func:`check_budget` always needs a price.
+
+``python -m airflow_batch_provider.cost --help`` is the batch vs real-time decision helper.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from airflow_batch_provider.cost.pricing import PricingTable, load_pricing
+from airflow_batch_provider.cost.tokens import TokenCounter, TokenTally, count_request_tokens
+from airflow_batch_provider.exceptions import CostLimitExceededError, InvalidInputError
+from airflow_batch_provider.utils import storage
+
+PricingArg = PricingTable | Mapping[str, Any] | str | os.PathLike[str] | None
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    """Tokens and USD cost of a set of requests, at batch and at real-time prices."""
+
+    model: str
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    batch_usd: float | None
+    realtime_usd: float | None
+    provider: str = ""
+    method: str = ""  # how input tokens were counted ("tiktoken o200k_base", "approximation ...", "actual usage")
+    output_basis: str = ""  # where output tokens came from ("max_tokens", "expected_output_tokens=5", ...)
+
+    @property
+    def priced(self) -> bool:
+        """Return True when the model's price was known."""
+        return self.batch_usd is not None and self.realtime_usd is not None
+
+    @property
+    def saving_usd(self) -> float | None:
+        """Return what batch saves over real time (None when unpriced)."""
+        if self.batch_usd is None or self.realtime_usd is None:
+            return None
+        return self.realtime_usd - self.batch_usd
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict (for XCom and the run summary)."""
+        return {**asdict(self), "saving_usd": self.saving_usd}
+
+    def describe(self) -> str:
+        """Return one line: requests, tokens and how they were counted, and both prices."""
+        tokens = (
+            f"{self.requests:,} requests to {self.model}: {self.input_tokens:,} input tokens ({self.method}) "
+            f"+ {self.output_tokens:,} output tokens ({self.output_basis})"
+        )
+        if not self.priced:
+            return f"{tokens}; no price known for {self.model}"
+        return f"{tokens} = {usd(self.batch_usd)} batch, {usd(self.realtime_usd)} real-time"
+
+
+def usd(value: float | None) -> str:
+    """Format a USD amount: cents above $1, more digits below (tiny test jobs cost fractions of a cent)."""
+    if value is None:
+        return "n/a"
+    if abs(value) >= 1:
+        return f"${value:,.2f}"
+    return f"${value:.4f}" if abs(value) >= 0.0001 else f"${value:.6f}"
+
+
+def price_usage(
+    model: str,
+    input_tokens: int,
+    output_tokens: int,
+    *,
+    requests: int = 0,
+    pricing: PricingArg = None,
+    require_price: bool = True,
+    method: str = "actual usage",
+    output_basis: str = "actual usage",
+) -> CostEstimate:
+    """Return the batch and real-time cost of the given token counts for ``model``."""
+    table = load_pricing(pricing)
+    price = table.lookup(model) if require_price else table.get(model)
+    return CostEstimate(
+        model=model,
+        requests=requests,
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        batch_usd=None if price is None else price.cost(input_tokens, output_tokens, batch=True),
+        realtime_usd=None if price is None else price.cost(input_tokens, output_tokens, batch=False),
+        provider="" if price is None else price.provider,
+        method=method,
+        output_basis=output_basis,
+    )
+
+
+def _priced(tally: TokenTally, model: str, pricing: PricingTable, require_price: bool) -> CostEstimate:
+    return price_usage(
+        model,
+        tally.input_tokens,
+        tally.output_tokens,
+        requests=tally.requests,
+        pricing=pricing,
+        require_price=require_price,
+        method=tally.method,
+        output_basis=tally.output_basis,
+    )
+
+
+def estimate_cost(
+    texts_or_requests: Iterable[str | bytes | Mapping[str, Any]],
+    model: str,
+    *,
+    provider: str | None = None,
+    expected_output_tokens: int | None = None,
+    pricing: PricingArg = None,
+    require_price: bool = False,
+    exact: bool | None = None,
+) -> CostEstimate:
+    """Count the tokens of plain texts or requests (dicts or JSONL lines) and price them."""
+    tally = count_request_tokens(
+        texts_or_requests, model, provider=provider, expected_output_tokens=expected_output_tokens, exact=exact
+    )
+    return _priced(tally, model, load_pricing(pricing), require_price)
+
+
+def estimate_chunks_cost(
+    chunks: Sequence[Mapping[str, Any]],
+    *,
+    expected_output_tokens: int | None = None,
+    pricing: PricingArg = None,
+    require_price: bool = False,
+    exact: bool | None = None,
+) -> CostEstimate:
+    """Price the requests files of chunk descriptors (one file in memory at a time).
+
+    ``chunks`` are ChunkDescriptor dicts (or anything downstream of them): their
+    ``requests_path``, ``model`` and ``provider`` keys are read.
+    """
+    if not chunks:
+        raise InvalidInputError("There are no chunks to estimate the cost of.")
+    table = load_pricing(pricing)
+    tallies: dict[str, TokenTally] = {}
+    counters: dict[str, TokenCounter] = {}
+    for chunk in chunks:
+        model = chunk["model"]
+        counter = counters.get(model) or counters.setdefault(model, TokenCounter(model, chunk["provider"], exact=exact))
+        with storage.to_path(chunk["requests_path"]).open("rb") as handle:
+            lines = (line for line in handle if line.strip())
+            tally = count_request_tokens(lines, model, expected_output_tokens=expected_output_tokens, counter=counter)
+        tallies[model] = tallies[model] + tally if model in tallies else tally
+    return combine_costs([_priced(tally, model, table, require_price) for model, tally in tallies.items()])
+
+
+def combine_costs(estimates: Sequence[CostEstimate]) -> CostEstimate:
+    """Add estimates of several models up into one (USD is None if any part is unpriced)."""
+    if not estimates:
+        raise InvalidInputError("There are no cost estimates to combine.")
+    if len(estimates) == 1:
+        return estimates[0]
+    priced = all(e.priced for e in estimates)
+
+    def joined(values: Iterable[str]) -> str:
+        return "; ".join(dict.fromkeys(v for v in values if v))
+
+    return CostEstimate(
+        model=", ".join(dict.fromkeys(e.model for e in estimates)),
+        requests=sum(e.requests for e in estimates),
+        input_tokens=sum(e.input_tokens for e in estimates),
+        output_tokens=sum(e.output_tokens for e in estimates),
+        batch_usd=sum(e.batch_usd or 0.0 for e in estimates) if priced else None,
+        realtime_usd=sum(e.realtime_usd or 0.0 for e in estimates) if priced else None,
+        provider=", ".join(dict.fromkeys(e.provider for e in estimates if e.provider)),
+        method=joined(e.method for e in estimates),
+        output_basis=joined(e.output_basis for e in estimates),
+    )
+
+
+class UsageTally:
+    """Add up the usage a provider reported, per model, and price it."""
+
+    def __init__(self) -> None:
+        self._usage: dict[str, list[int]] = {}
+
+    def add(self, model: str, input_tokens: int, output_tokens: int, requests: int = 0) -> None:
+        """Add one chunk's (or one result's) usage."""
+        totals = self._usage.setdefault(model, [0, 0, 0])
+        totals[0] += input_tokens
+        totals[1] += output_tokens
+        totals[2] += requests
+
+    def cost(self, pricing: PricingArg = None, *, require_price: bool = False) -> CostEstimate:
+        """Return the actual cost of everything added (raises if nothing was)."""
+        table = load_pricing(pricing)
+        return combine_costs(
+            [
+                price_usage(model, inp, out, requests=req, pricing=table, require_price=require_price)
+                for model, (inp, out, req) in self._usage.items()
+            ]
+        )
+
+
+def parse_max_cost_usd(value: Any) -> float | None:
+    """Return ``max_cost_usd`` as a positive float (numbers or numeric strings, e.g. a rendered Param)."""
+    if value is None or value == "":
+        return None
+    try:
+        limit = float(value)
+    except (TypeError, ValueError):
+        limit = math.nan
+    if isinstance(value, bool) or not math.isfinite(limit) or limit <= 0:
+        raise InvalidInputError(f"max_cost_usd must be a positive number of US dollars, got {value!r}.")
+    return limit
+
+
+def check_budget(estimate: CostEstimate, max_cost_usd: Any) -> None:
+    """Raise CostLimitExceededError when the batch estimate exceeds ``max_cost_usd`` (None: no limit)."""
+    limit = parse_max_cost_usd(max_cost_usd)
+    if limit is None:
+        return
+    if estimate.batch_usd is None:
+        raise InvalidInputError(
+            f"max_cost_usd={limit:g} is set but no price is known for {estimate.model}, so the job cannot be "
+            "checked against it. Add the model to the pricing table (a pricing file or dict), or drop "
+            "max_cost_usd. Nothing was uploaded."
+        )
+    if estimate.batch_usd <= limit:
+        return
+    raise CostLimitExceededError(
+        f"Estimated batch cost {usd(estimate.batch_usd)} exceeds max_cost_usd={usd(limit)}: "
+        f"{estimate.describe()}. Nothing was uploaded. To go ahead, raise max_cost_usd to at least "
+        f"{usd(estimate.batch_usd)}; or make the job cheaper: fewer rows, a shorter prompt, a lower "
+        "max_tokens or expected_output_tokens, or a cheaper model.",
+        estimate_usd=estimate.batch_usd,
+        limit_usd=limit,
+        estimate=estimate.to_dict(),
+    )
+
+
+def comparison_line(estimate: CostEstimate) -> str:
+    """Return the one-line batch vs real-time comparison for a run summary."""
+    if estimate.batch_usd is None or estimate.realtime_usd is None:
+        return f"batch vs real-time: no price known for {estimate.model}"
+    saving = estimate.realtime_usd - estimate.batch_usd
+    share = f", {saving / estimate.realtime_usd:.0%}" if estimate.realtime_usd else ""
+    return (
+        f"batch vs real-time: {usd(estimate.batch_usd)} with the batch API vs {usd(estimate.realtime_usd)} "
+        f"in real time for the same {estimate.requests:,} requests to {estimate.model} "
+        f"(saved {usd(saving)}{share})"
+    )
+
+
+def cost_summary(actual: CostEstimate, estimated: CostEstimate | float | None = None) -> dict[str, Any]:
+    """Return the cost keys of a run summary: estimated vs actual, and the real-time comparison.
+
+    ``estimated`` is the pre-submit estimate, or its batch USD (e.g. summed from the chunks).
+    """
+    return {
+        "estimated_cost_usd": estimated.batch_usd if isinstance(estimated, CostEstimate) else estimated,
+        "actual_cost_usd": actual.batch_usd,
+        "realtime_cost_usd": actual.realtime_usd,
+        "saved_usd": actual.saving_usd,
+        "cost_models": actual.model,
+        "cost_comparison": comparison_line(actual),
+    }
+
+
+def cost_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Return (label, value) rows for the run summary table from :func:`cost_summary` keys."""
+    if "actual_cost_usd" not in summary:
+        return []
+    return [
+        ("estimated cost", usd(summary.get("estimated_cost_usd"))),
+        ("actual cost", usd(summary.get("actual_cost_usd"))),
+        ("real-time cost", usd(summary.get("realtime_cost_usd"))),
+        ("batch vs real-time", str(summary.get("cost_comparison", "")).removeprefix("batch vs real-time: ")),
+    ]
+
+
+__all__ = [
+    "CostEstimate",
+    "UsageTally",
+    "check_budget",
+    "combine_costs",
+    "comparison_line",
+    "cost_rows",
+    "cost_summary",
+    "estimate_chunks_cost",
+    "estimate_cost",
+    "parse_max_cost_usd",
+    "price_usage",
+    "usd",
+]
