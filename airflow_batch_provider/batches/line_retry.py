@@ -20,9 +20,6 @@ A line is **retryable** (see :func:`is_retryable`) when the provider never reall
 Everything else is final: 400-class invalid requests, authentication or permission errors, an
 unknown error code, ``invalid_output``. Sending those again would only pay twice for the same
 error. MergeResultsOperator later reads every attempt in order; the last result per custom_id wins.
-
-:func:`iter_with_restarts` (re-reading a result stream that broke mid-way without repeating a
-record) lives here too: it is the download half of "nothing lost, nothing twice".
 """
 
 from __future__ import annotations
@@ -31,22 +28,20 @@ import hashlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
-from airflow_batch_provider.exceptions import ProviderCallError, ResultsError
+from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.status import BatchState
-from airflow_batch_provider.utils.retry import Classifier, RetryPolicy
 from airflow_batch_provider.utils.storage import atomic_write, join, to_path
 
 if TYPE_CHECKING:
     from airflow_batch_provider.hooks.base import BatchHook
 
-T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 RETRIES_DIR = "retries"
@@ -302,9 +297,8 @@ def plan_followup(
     hook: BatchHook, batch: Mapping[str, Any], state: BatchState, attempt: int
 ) -> tuple[AttemptScan, FollowUpFile | None]:
     """Scan ended attempt ``attempt`` of ``batch``; write attempt ``attempt + 1``'s file when a line is retryable."""
-    iter_failed = getattr(hook, "iter_failed_results", hook.iter_results)
     scan = scan_attempt(
-        iter_failed(state),
+        hook.iter_failed_results(state),
         state=state,
         requested=lambda: read_custom_ids(attempt_requests_path(batch, attempt)),
         all_results=lambda: hook.iter_results(state),
@@ -320,56 +314,3 @@ def attempt_chunk(batch: Mapping[str, Any], attempt: int) -> ChunkDescriptor:
     if attempt <= 1:
         return chunk_of(batch)
     return followup_chunk(batch, attempt, describe_file(attempt_requests_path(batch, attempt)))
-
-
-# ------------------------------------------------------------------------------ stream restarts
-
-
-def iter_with_restarts(
-    open_stream: Callable[[], Iterator[T]], *, what: str, classify: Classifier, policy: RetryPolicy
-) -> Iterator[T]:
-    """Yield ``open_stream()``'s items; when the stream breaks, reopen it and skip what was already yielded.
-
-    For immutable result files: the provider serves the same bytes each time, so after a
-    dropped connection the first ``n`` items of the new stream are the ``n`` already yielded and
-    are skipped — no record is yielded twice and none is lost. Retryable errors (as ``classify``
-    says) reopen the stream up to ``policy.attempts`` times without progress in between, waiting
-    ``policy.delay``; a stream that moved forward since its last break starts a fresh count.
-    """
-    yielded = 0
-    attempt = 1
-    progress_at_last_break = 0
-    while True:
-        position = 0
-        stream: Iterator[T] | None = None
-        try:
-            stream = open_stream()
-            for item in stream:
-                position += 1
-                if position <= yielded:
-                    continue
-                yielded += 1
-                yield item
-            return
-        except Exception as exc:
-            if yielded > progress_at_last_break:  # it moved on since the last break: a fresh budget
-                attempt, progress_at_last_break = 1, yielded
-            retryable, retry_after = classify(exc)
-            if not retryable or attempt >= policy.attempts:
-                raise ProviderCallError(f"{what} failed after {attempt} attempt(s): {exc}") from exc
-            wait = policy.delay(attempt, retry_after)
-            log.warning(
-                "%s broke after %d record(s) (%s); reopening in %.1f s and skipping them (attempt %d/%d)",
-                what,
-                yielded,
-                exc,
-                wait,
-                attempt,
-                policy.attempts,
-            )
-            attempt += 1
-            time.sleep(wait)
-        finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()  # release the connection now, also when the caller stops early

@@ -25,6 +25,7 @@ enqueued-token cap and its batches carry no metadata: the gate is skipped there 
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 from collections.abc import Iterator, Mapping
@@ -126,18 +127,26 @@ def is_token_limit_refusal(state: BatchState) -> bool:
     return state.status is BatchStatus.FAILED and codes == {TOKEN_LIMIT_CODE}
 
 
-def refusal_step(wait: dict[str, float], *, now: float, interval: float, max_wait: float) -> str:
+class RefusalStep(enum.StrEnum):
+    """What to do about a batch refused for the enqueued-token cap."""
+
+    WAIT = "wait"
+    RESUBMIT = "resubmit"
+    GIVE_UP = "give_up"
+
+
+def refusal_step(wait: dict[str, float], *, now: float, interval: float, max_wait: float) -> RefusalStep:
     """Decide what to do about a ``token_limit_exceeded`` refusal; ``wait`` (JSON-able) is updated in place.
 
     ``wait`` holds ``since`` (the first refusal of this attempt) and, while waiting, ``resubmit_at``.
-    Returns ``"give_up"`` once ``max_wait`` has passed since the first refusal, ``"wait"`` until
-    ``resubmit_at`` (set to ``now + interval`` on the first look), then ``"resubmit"``.
+    Returns GIVE_UP once ``max_wait`` has passed since the first refusal, WAIT until
+    ``resubmit_at`` (set to ``now + interval`` on the first look), then RESUBMIT.
     """
     wait.setdefault("since", now)
     if now - wait["since"] >= max_wait:
-        return "give_up"
+        return RefusalStep.GIVE_UP
     resubmit_at = wait.setdefault("resubmit_at", now + interval)
     if now < resubmit_at:
-        return "wait"
+        return RefusalStep.WAIT
     del wait["resubmit_at"]
-    return "resubmit"
+    return RefusalStep.RESUBMIT

@@ -13,7 +13,7 @@ adopts a batch only when exactly one matches (see SubmitBatchOperator).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -21,14 +21,19 @@ import anthropic
 import httpx2
 import orjson
 
-from airflow_batch_provider.batches.line_retry import iter_with_restarts
 from airflow_batch_provider.chunking.limits import ANTHROPIC_LIMITS, ProviderLimits
-from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.results.parse import parse_anthropic_result
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
+from airflow_batch_provider.utils.retry import (
+    RetryPolicy,
+    acall_with_retries,
+    call_with_retries,
+    iter_with_restarts,
+    retry_after_seconds,
+)
 from airflow_batch_provider.utils.storage import to_path
 
 # Allowed clock difference between this worker and the provider when matching by creation time.
@@ -157,10 +162,11 @@ class AnthropicBatchHook(BatchHook):
     async def _acall(self, what: str, fn: Any) -> Any:
         return await acall_with_retries(fn, what=what, classify=classify_anthropic_error, policy=self.retry_policy)
 
-    def submit(self, chunk: ChunkDescriptor, *, metadata: Mapping[str, str]) -> SubmittedBatch:
+    def create_batch(self, chunk: ChunkDescriptor, *, input_file_id: str | None, metadata: Mapping[str, str]) -> str:
         """Read the chunk's ``{custom_id, params}`` lines and create one Message Batch from them.
 
-        ``metadata`` is not sent (Message Batches have no metadata field).
+        Requests go inline (no upload step, so ``input_file_id`` is None); ``metadata`` is not
+        sent (Message Batches have no metadata field).
         """
         with to_path(chunk["requests_path"]).open("rb") as handle:
             requests = [orjson.loads(line) for line in handle if line.strip()]
@@ -169,7 +175,7 @@ class AnthropicBatchHook(BatchHook):
             lambda: self.client.messages.batches.create(requests=requests),
         )
         self.log.info("%s: created message batch %s", chunk["label"], batch.id)
-        return {**chunk, "batch_id": batch.id, "input_file_id": None}
+        return str(batch.id)
 
     def find_existing(
         self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
@@ -223,15 +229,13 @@ class AnthropicBatchHook(BatchHook):
         batch = await self._acall(f"cancel of batch {batch_id}", lambda: client.messages.batches.cancel(batch_id))
         return state_from_anthropic(batch)
 
-    def _stream_results(self, batch_id: str) -> Iterator[dict[str, Any]]:
+    def _stream_results(self, batch_id: str) -> Generator[dict[str, Any]]:
         decoder = self._call(f"results of batch {batch_id}", lambda: self.client.messages.batches.results(batch_id))
         try:
             for item in decoder:
                 yield item.model_dump(mode="json")
         finally:
-            close = getattr(decoder, "close", None)
-            if close is not None:
-                close()
+            decoder.close()  # release the connection now, also when the caller stops early
 
     def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
         """Stream the batch's results (the SDK follows ``results_url`` and decodes JSONL lazily).

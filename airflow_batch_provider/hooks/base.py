@@ -1,12 +1,27 @@
-"""The one small interface every batch backend implements.
+"""BatchHook: the whole contract between this provider and a batch backend.
 
-Operators, the sensor and the trigger only talk to this interface; provider SDKs are
-imported by the concrete hooks alone. Adding a backend (AWS Bedrock, say) means one hook
-subclass and one status-mapping function.
+Operators, the sensor and the trigger only call what is declared here; provider SDKs are
+imported by the concrete hooks alone. A backend implements the abstract methods and overrides
+the defaults that do not fit it; nothing else is looked up at run time. Backends are found by
+name in :mod:`airflow_batch_provider.hooks.registry` (one line per backend).
+
+Life of one chunk, and the methods each step calls:
+
+1. submit (SubmitBatchOperator, and the sensor's follow-up batches): :meth:`find_existing`
+   (crash recovery), :meth:`upload_file` (skipped by backends that take requests inline),
+   :meth:`create_batch`; with ``token_budget``, :meth:`in_flight_tokens` when
+   :attr:`~BatchHook.supports_token_budget`.
+2. wait (BatchCompleteTrigger on the triggerer, BatchCompleteSensor when poking):
+   :meth:`aget_state` / :meth:`get_state`; :meth:`acancel` / :meth:`cancel` when a task is killed;
+   :meth:`aclose` when the trigger ends.
+3. line retries (the sensor): :meth:`iter_failed_results`, then :meth:`iter_results` when lines
+   have no result at all.
+4. merge (MergeResultsOperator): :meth:`iter_result_tables`.
 """
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -20,64 +35,58 @@ from airflow_batch_provider.status import BatchState
 if TYPE_CHECKING:
     import pyarrow as pa
 
+#: The batch metadata key that carries a submission's idempotency key (see :meth:`BatchHook.find_existing`).
+IDEMPOTENCY_METADATA_KEY = "airflow_idempotency_key"
+
 
 class BatchHook(BaseHook, ABC):
-    """Submit a chunk file as a provider batch, watch it, cancel it and read its results."""
+    """Submit a chunk file as a provider batch, watch it, cancel it and read its results.
+
+    Class attributes a backend sets: ``provider`` (its registry name, also written in chunk
+    descriptors), ``limits`` (requests and bytes per batch), ``default_conn_name``; and, when
+    they hold, ``exact_reconcile`` and ``supports_token_budget``.
+    """
 
     provider: ClassVar[str]
     limits: ClassVar[ProviderLimits]
     default_conn_name: ClassVar[str]
-    # True when find_existing matches on a key the provider stores (safe to cancel extra matches).
+    #: True when find_existing matches on a key the provider stores (safe to cancel extra matches).
     exact_reconcile: ClassVar[bool] = False
+    #: True when batches carry metadata and the provider caps enqueued tokens: in_flight_tokens works.
+    supports_token_budget: ClassVar[bool] = False
     _async_client: Any = None  # the async SDK client, once opened (see aclose)
 
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__()
         self.conn_id = conn_id or self.default_conn_name
 
+    # -- submit ------------------------------------------------------------------------------------
+    def upload_file(self, path: str, *, chunk_label: str = "") -> str | None:
+        """Upload a chunk's requests file ahead of :meth:`create_batch`; return the provider's file id.
+
+        The submission checkpoints the id between the two calls, so a retry reuses the upload.
+        The default returns None: the backend has no separate upload step and
+        :meth:`create_batch` reads the requests file itself.
+        """
+        return None
+
     @abstractmethod
+    def create_batch(self, chunk: ChunkDescriptor, *, input_file_id: str | None, metadata: Mapping[str, str]) -> str:
+        """Create one batch of the chunk's requests; return its batch id.
+
+        ``input_file_id`` is what :meth:`upload_file` returned (None without an upload step).
+        ``metadata`` holds :data:`IDEMPOTENCY_METADATA_KEY` and friends; a backend that can store
+        it on the batch should (that is what makes :meth:`find_existing` exact).
+        """
+
     def submit(self, chunk: ChunkDescriptor, *, metadata: Mapping[str, str]) -> SubmittedBatch:
-        """Upload the chunk's requests and create one batch; return the chunk plus its batch id."""
+        """Upload (when the backend has that step) and create the chunk's batch in one go, without checkpoints.
 
-    @abstractmethod
-    def get_state(self, batch_id: str) -> BatchState:
-        """Return the batch's current state (blocking call)."""
-
-    @abstractmethod
-    async def aget_state(self, batch_id: str) -> BatchState:
-        """Return the batch's current state without blocking the event loop."""
-
-    @abstractmethod
-    def cancel(self, batch_id: str) -> BatchState:
-        """Ask the provider to cancel the batch; return the state it reports."""
-
-    @abstractmethod
-    def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
-        """Yield every result of a terminal batch, streamed, in the provider's (arbitrary) order."""
-
-    def iter_result_tables(self, state: BatchState, response_type: pa.DataType) -> Iterator[pa.Table]:
-        """Yield the results of a terminal batch as Arrow tables (:mod:`~airflow_batch_provider.results.table`).
-
-        ``response_type`` is the ``response`` column's type (text, or a float list for embeddings).
-        The default builds them from :meth:`iter_results`; hooks whose results come in the OpenAI
-        batch output format read blocks of lines straight into columns instead.
+        SubmitBatchOperator does not call this: it checkpoints between the two steps.
         """
-        from airflow_batch_provider.results.table import iter_record_tables
-
-        return iter_record_tables(self.iter_results(state), response_type)
-
-    async def aclose(self) -> None:
-        """Close the async SDK client this hook opened (in the event loop that opened it).
-
-        Left open, an SDK closes its client when it is garbage collected, on whatever loop runs
-        then: under ``airflow dags test`` (a fresh loop per trigger) that fails with "Event loop is
-        closed", logged as an error; in a triggerer the connection pool lingers. The provider
-        hooks keep their client in ``_async_client``; a hook without one has nothing to close.
-        """
-        client = getattr(self, "_async_client", None)
-        if client is not None:
-            self._async_client = None
-            await client.close()
+        file_id = self.upload_file(chunk["requests_path"], chunk_label=chunk["label"])
+        batch_id = self.create_batch(chunk, input_file_id=file_id, metadata=metadata)
+        return {**chunk, "batch_id": batch_id, "input_file_id": file_id}
 
     def find_existing(
         self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
@@ -90,33 +99,67 @@ class BatchHook(BaseHook, ABC):
         """
         return []
 
+    def in_flight_tokens(self, model: str) -> int:
+        """Return the input tokens of this deployment's non-terminal batches for ``model``.
+
+        Called only when :attr:`supports_token_budget` is True (the default raises).
+        """
+        raise NotImplementedError(f"the {self.provider} backend does not count enqueued tokens")
+
+    # -- wait and cancel ------------------------------------------------------------------------
+    @abstractmethod
+    def get_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state (blocking call)."""
+
+    @abstractmethod
+    async def aget_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state without blocking the event loop."""
+
+    @abstractmethod
+    def cancel(self, batch_id: str) -> BatchState:
+        """Ask the provider to cancel the batch; return the state it reports."""
+
+    async def acancel(self, batch_id: str) -> BatchState:
+        """Async twin of :meth:`cancel`; the default runs :meth:`cancel` in a worker thread."""
+        return await asyncio.to_thread(self.cancel, batch_id)
+
+    async def aclose(self) -> None:
+        """Close the async SDK client this hook opened (in the event loop that opened it).
+
+        Left open, an SDK closes its client when it is garbage collected, on whatever loop runs
+        then: under ``airflow dags test`` (a fresh loop per trigger) that fails with "Event loop is
+        closed", logged as an error; in a triggerer the connection pool lingers. The default
+        closes ``_async_client`` (where the provider hooks keep theirs); a hook without one has
+        nothing to close.
+        """
+        client, self._async_client = self._async_client, None
+        if client is not None:
+            await client.close()
+
     def batch_url(self, batch_id: str) -> str | None:
         """Return a link to the batch in the provider's console, when there is one."""
         return None
 
+    # -- results ----------------------------------------------------------------------------------
+    @abstractmethod
+    def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
+        """Yield every result of a terminal batch, streamed, in the provider's (arbitrary) order."""
 
-def hook_class_for(provider: str) -> type[BatchHook]:
-    """Return the hook class that serves ``provider`` (imported lazily)."""
-    from airflow_batch_provider.exceptions import InvalidInputError
+    def iter_failed_results(self, state: BatchState) -> Iterator[ResultRecord]:
+        """Yield at least every result of a terminal batch that did not succeed (to decide line retries).
 
-    if provider == "openai":
-        from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
+        The default yields every result (callers skip the successes); a backend that keeps
+        failures apart (OpenAI's error file) reads only those.
+        """
+        return self.iter_results(state)
 
-        return OpenAIBatchHook
-    if provider == "anthropic":
-        from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
+    def iter_result_tables(self, state: BatchState, response_type: pa.DataType) -> Iterator[pa.Table]:
+        """Yield the results of a terminal batch as Arrow tables (:mod:`~airflow_batch_provider.results.table`).
 
-        return AnthropicBatchHook
-    if provider in ("vllm", "server"):  # self-hosted: results are local files in the OpenAI output format
-        from airflow_batch_provider.hooks.local_results import RESULTS_HOOKS
+        ``response_type`` is the ``response`` column's type (text, or a float list for embeddings).
+        The default builds them from :meth:`iter_results`; hooks whose results come in the OpenAI
+        batch output format read blocks of lines straight into columns instead.
+        """
+        from airflow_batch_provider.results.table import iter_record_tables
 
-        return RESULTS_HOOKS[provider]
-    raise InvalidInputError(
-        f"Unknown provider {provider!r}; choose 'openai' or 'anthropic' (batch APIs), "
-        "or 'vllm' or 'server' (self-hosted)."
-    )
-
-
-def get_batch_hook(provider: str, conn_id: str | None = None, **kwargs: Any) -> BatchHook:
-    """Build the hook for ``provider`` on ``conn_id`` (the hook's default connection when None)."""
-    return hook_class_for(provider)(conn_id=conn_id, **kwargs)
+        return iter_record_tables(self.iter_results(state), response_type)

@@ -9,28 +9,31 @@ of the ``openai`` type made for Airflow's OpenAI provider works too (its
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx2
 import openai
 
-from airflow_batch_provider.batches.line_retry import iter_with_restarts
 from airflow_batch_provider.batches.token_budget import tokens_from_metadata
 from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
-from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
-from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries, call_with_retries, retry_after_seconds
+from airflow_batch_provider.utils.retry import (
+    RetryPolicy,
+    acall_with_retries,
+    call_with_retries,
+    iter_with_restarts,
+    retry_after_seconds,
+)
 from airflow_batch_provider.utils.storage import to_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-IDEMPOTENCY_METADATA_KEY = "airflow_idempotency_key"
 
 _STATUS_MAP: dict[str, BatchStatus] = {
     "validating": BatchStatus.VALIDATING,
@@ -110,6 +113,7 @@ class OpenAIBatchHook(BatchHook):
     provider: ClassVar[str] = "openai"
     limits: ClassVar[ProviderLimits] = OPENAI_LIMITS
     exact_reconcile: ClassVar[bool] = True
+    supports_token_budget: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -156,7 +160,7 @@ class OpenAIBatchHook(BatchHook):
 
     async def aget_client(self) -> openai.AsyncOpenAI:
         """Return the async SDK client (connection read without blocking the event loop)."""
-        if getattr(self, "_async_client", None) is None:
+        if self._async_client is None:
             conn = await self.aget_connection(self.conn_id)
             self._async_client = openai.AsyncOpenAI(**self._client_kwargs(conn))
         return self._async_client
@@ -176,25 +180,21 @@ class OpenAIBatchHook(BatchHook):
         file_obj = self._call(f"upload of {chunk_label or path}", upload)
         return str(file_obj.id)
 
-    def create_batch(self, input_file_id: str, endpoint: str, metadata: Mapping[str, str]) -> BatchState:
-        """Create a batch over an uploaded file with the 24 h completion window."""
+    def create_batch(self, chunk: ChunkDescriptor, *, input_file_id: str | None, metadata: Mapping[str, str]) -> str:
+        """Create a batch over the uploaded file with the 24 h completion window; return its id."""
+        if not input_file_id:
+            raise ValueError(f"{chunk['label']}: an OpenAI batch needs an uploaded file (see upload_file)")
         batch = self._call(
-            f"batch create for file {input_file_id}",
+            f"{chunk['label']}: batch create for file {input_file_id}",
             lambda: self.client.batches.create(
                 input_file_id=input_file_id,
-                endpoint=endpoint,  # type: ignore[arg-type]
+                endpoint=chunk["endpoint"],  # type: ignore[arg-type]
                 completion_window="24h",
                 metadata=dict(metadata),
             ),
         )
-        return state_from_openai(batch)
-
-    def submit(self, chunk: ChunkDescriptor, *, metadata: Mapping[str, str]) -> SubmittedBatch:
-        """Upload the chunk file and create its batch."""
-        file_id = self.upload_file(chunk["requests_path"], chunk_label=chunk["label"])
-        state = self.create_batch(file_id, chunk["endpoint"], metadata)
-        self.log.info("%s: created batch %s from file %s", chunk["label"], state.batch_id, file_id)
-        return {**chunk, "batch_id": state.batch_id, "input_file_id": file_id}
+        self.log.info("%s: created batch %s from file %s", chunk["label"], batch.id, input_file_id)
+        return str(batch.id)
 
     def _iter_batches(self, *, max_pages: int) -> Iterator[Any]:
         """Yield recent SDK batches, newest first, at most ``max_pages`` pages of 100."""
@@ -266,7 +266,7 @@ class OpenAIBatchHook(BatchHook):
         )
         return state_from_openai(batch)
 
-    def _stream_file_lines(self, file_id: str) -> Iterator[bytes]:
+    def _stream_file_lines(self, file_id: str) -> Generator[bytes]:
         with self.client.files.with_streaming_response.content(file_id) as response:
             pending = b""
             for piece in response.iter_bytes(1 << 20):

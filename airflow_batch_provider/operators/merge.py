@@ -12,7 +12,8 @@ from airflow.sdk import Asset, BaseOperator, Context
 from airflow_batch_provider.cost.estimate import UsageTally, cost_summary
 from airflow_batch_provider.descriptors import CompletedBatch
 from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
-from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
+from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.results.merge import (
     SUMMARY_FILE,

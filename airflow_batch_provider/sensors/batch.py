@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import timedelta
+from functools import cached_property
 from typing import Any, cast
 
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
@@ -46,21 +45,22 @@ from airflow_batch_provider.batches.line_retry import (
     nothing_to_retry,
     plan_followup,
 )
-from airflow_batch_provider.batches.token_budget import is_token_limit_refusal, refusal_step
+from airflow_batch_provider.batches.submission import submit_tagged
+from airflow_batch_provider.batches.token_budget import RefusalStep, is_token_limit_refusal, refusal_step
 from airflow_batch_provider.descriptors import ChunkDescriptor, CompletedBatch, SubmittedBatch
-from airflow_batch_provider.exceptions import (
-    BatchCancelledError,
-    BatchEndedBadlyError,
-    BatchExpiredError,
-    BatchFailedError,
-    BatchPollError,
-    BatchProviderError,
-    BatchTimeoutError,
-)
-from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
+from airflow_batch_provider.exceptions import BatchCancelledError, BatchPollError, BatchProviderError, BatchTimeoutError
+from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.operators.submit import submit_tagged
+from airflow_batch_provider.sensors.errors import (
+    cancelled_error,
+    failed_error,
+    format_errors,
+    refused_error,
+    top_failures,
+)
+from airflow_batch_provider.sensors.record import Attempt, Finished, Outcome, PollNext, WaitRecord, WaitUntil
 from airflow_batch_provider.status import BatchState, BatchStatus
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 
@@ -81,49 +81,6 @@ def default_deferrable() -> bool:
     if explicit is None:
         return True
     return explicit.strip().lower() in ("1", "true", "yes", "on", "t")
-
-
-def _format_errors(errors: Sequence[dict[str, Any]], limit: int = 5) -> str:
-    parts = []
-    for err in list(errors)[:limit]:
-        where = f" (line {err['line']})" if err.get("line") is not None else ""
-        parts.append(f"{err.get('code')}{where}: {err.get('message')}")
-    more = f"; and {len(errors) - limit} more" if len(errors) > limit else ""
-    return "; ".join(parts) + more
-
-
-def _top(counter: Counter[str], limit: int = 3) -> str:
-    return ", ".join(f"{what} x{count:,}" for what, count in counter.most_common(limit))
-
-
-def raise_for_state(batch: Mapping[str, Any], state: BatchState) -> None:
-    """Raise the typed error for a batch that ended without usable results."""
-    label = batch.get("label", f"batch {state.batch_id}")
-    detail = _format_errors(state.errors)
-    suffix = f": {detail}" if detail else ""
-    args: dict[str, Any] = {"batch_id": state.batch_id, "errors": state.errors, "state": state.to_dict()}
-    done = f"{state.counts.completed} of {state.counts.total} requests done"
-    if state.status is BatchStatus.FAILED:
-        raise BatchFailedError(f"{label}: batch {state.batch_id} failed at the provider{suffix}", **args)
-    if state.status is BatchStatus.EXPIRED:
-        raise BatchExpiredError(f"{label}: batch {state.batch_id} expired before finishing ({done}){suffix}", **args)
-    if state.status is BatchStatus.CANCELLED:
-        raise BatchCancelledError(
-            f"{label}: batch {state.batch_id} was cancelled by someone else, not by this pipeline ({done}); "
-            "nothing was resubmitted. Check the provider console; clearing this task sends the lines again.",
-            **args,
-        )
-    raise BatchEndedBadlyError(f"{label}: batch {state.batch_id} ended {state.provider_status}", **args)
-
-
-@dataclass(frozen=True)
-class _Wait:
-    """The current batch is terminal but must not be looked at again before ``until`` (epoch)."""
-
-    until: float
-
-
-_NEXT = "next"  # a new batch was created for the current or the next attempt: poll it
 
 
 class BatchCompleteSensor(BaseSensorOperator):
@@ -182,11 +139,13 @@ class BatchCompleteSensor(BaseSensorOperator):
         self.token_limit_retry_interval = float(token_limit_retry_interval)
         self.token_limit_max_wait = float(token_limit_max_wait)
         self._poll_errors = 0
-        self._record: dict[str, Any] | None = None
+        self._record: WaitRecord | None = None
         self._checkpoint: Checkpoint | None = None
         self._cancelled_now: set[str] = set()
 
-    def _hook(self) -> BatchHook:
+    @cached_property
+    def hook(self) -> BatchHook:
+        """The provider hook of this batch, built once per task run (tests may assign it)."""
         return get_batch_hook(self.provider or self.batch["provider"], self.conn_id)
 
     @property
@@ -194,52 +153,51 @@ class BatchCompleteSensor(BaseSensorOperator):
         return BatchMetrics(provider=self.batch["provider"], model=self.batch.get("model", ""), dag_id=self.dag_id)
 
     @property
-    def _conn_id(self) -> str:
-        return self.conn_id or self._hook().default_conn_name
-
-    @property
     def _label(self) -> str:
         return str(self.batch.get("label", ""))
 
     # -- the retry record (task state store, and carried through the trigger) -----------------------
-    def _load(self, context: Context, carried: dict[str, Any] | None = None) -> dict[str, Any]:
+    @property
+    def record(self) -> WaitRecord:
+        """The retry record, loaded by ``execute``, ``execute_complete`` and the first ``poke``."""
+        if self._record is None:
+            raise RuntimeError(f"{self._label}: the sensor's retry record was used before it was loaded")
+        return self._record
+
+    def _load(self, context: Context, carried: dict[str, Any] | None = None) -> WaitRecord:
         self._checkpoint = Checkpoint(context, CHECKPOINT_KEY)
-        record = carried or self._checkpoint.load()
-        if not record or record.get("origin") != self.batch["batch_id"]:  # first run, or submit made a new batch
-            record = {"origin": self.batch["batch_id"], "attempts": [{"batch_id": self.batch["batch_id"]}]}
-        record.setdefault("cancelled", {})
-        self._record = record
-        return record
+        data = carried or self._checkpoint.load()
+        origin = self.batch["batch_id"]
+        if data and data.get("origin") == origin:
+            self._record = WaitRecord.from_dict(data)
+        else:  # the first run, or a record of an earlier submission (submit made a new batch)
+            self._record = WaitRecord.start(origin)
+        return self._record
 
     def _save(self) -> None:
         if self._checkpoint is not None and self._record is not None:
-            self._checkpoint.save(self._record)
-
-    @property
-    def _attempts(self) -> list[dict[str, Any]]:
-        return (self._record or {"attempts": [{"batch_id": self.batch["batch_id"]}]})["attempts"]
+            self._checkpoint.save(self._record.to_dict())
 
     def _cancel_note(self, batch_id: str) -> str | None:
-        noted = (self._record or {}).get("cancelled", {}).get(batch_id)
-        return noted or cancelled_by_us(self.batch.get("job_dir"), batch_id)
+        return self.record.cancelled.get(batch_id) or cancelled_by_us(self.batch.get("job_dir"), batch_id)
 
     # -- entry points ---------------------------------------------------------------------------------
     def execute(self, context: Context) -> Any:
         """Follow the current attempt: return at once if all is done, else defer (or poke)."""
         if not self.batch["batch_id"]:  # an empty chunk (skip_unchanged): no batch was created
             return cast(CompletedBatch, {**self.batch, "state": None, "attempts": []})
-        remember_batch_url(self, self._hook().batch_url(self.batch["batch_id"]))
+        remember_batch_url(self, self.hook.batch_url(self.batch["batch_id"]))
         self._load(context)
         return self._drive(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         """Act on the trigger's event: finish, send a follow-up and defer again, or raise a typed error."""
-        remember_batch_url(self, self._hook().batch_url(self.batch["batch_id"]))
-        self._load(context, event.get("carry"))
+        remember_batch_url(self, self.hook.batch_url(self.batch["batch_id"]))
+        record = self._load(context, event.get("carry"))
         status = event.get("status")
         if status == "success":
             state = BatchState.from_dict(event["state"])
-            return self._drive(context, state if state.batch_id == self._attempts[-1]["batch_id"] else None)
+            return self._drive(context, state if state.batch_id == record.current.batch_id else None)
         if status == "timeout":
             self._cancel("the sensor timed out")
             raise BatchTimeoutError(f"{self._label}: {event.get('message')}")
@@ -247,43 +205,41 @@ class BatchCompleteSensor(BaseSensorOperator):
 
     def poke(self, context: Context) -> PokeReturnValue:
         """Check the current attempt once (non-deferrable mode)."""
-        if self._record is None:
-            self._load(context)
+        batch_id = (self._record or self._load(context)).current.batch_id
         try:
-            state = self._hook().get_state(self._attempts[-1]["batch_id"])
+            state = self.hook.get_state(batch_id)
         except BatchProviderError as exc:
             self._poll_errors += 1
             if self._poll_errors >= self.max_poll_errors:
                 raise BatchPollError(
-                    f"{self._label}: polling batch {self._attempts[-1]['batch_id']} failed "
+                    f"{self._label}: polling batch {batch_id} failed "
                     f"{self._poll_errors} times in a row; last error: {exc}"
                 ) from exc
             self.log.warning("poll failed (%d/%d): %s", self._poll_errors, self.max_poll_errors, exc)
             return PokeReturnValue(is_done=False)
         self._poll_errors = 0
         self.log.info("%s: %s", self._label, state.progress_line())
-        if not state.status.is_terminal:
-            return PokeReturnValue(is_done=False)
-        outcome = self._on_terminal(context, state)
-        if isinstance(outcome, dict):
-            return PokeReturnValue(is_done=True, xcom_value=outcome)
-        return PokeReturnValue(is_done=False)
+        if state.status.is_terminal:
+            match self._on_terminal(context, state):
+                case Finished(result):
+                    return PokeReturnValue(is_done=True, xcom_value=result)
+        return PokeReturnValue(is_done=False)  # not ended, or a refusal wait / new batch: poke again
 
     # -- the loop ------------------------------------------------------------------------------------
     def _drive(self, context: Context, state: BatchState | None = None) -> Any:
-        hook = self._hook()
         while True:
             if state is None:
-                state = hook.get_state(self._attempts[-1]["batch_id"])
+                state = self.hook.get_state(self.record.current.batch_id)
                 self.log.info("%s: %s", self._label, state.progress_line())
             if not state.status.is_terminal:
                 return self._wait(context)
-            outcome = self._on_terminal(context, state)
-            if isinstance(outcome, _Wait):
-                return self._wait(context, not_before=outcome.until)
-            if outcome != _NEXT:
-                return outcome
-            state = None
+            match self._on_terminal(context, state):
+                case Finished(result):
+                    return result
+                case WaitUntil(until):
+                    return self._wait(context, not_before=until)
+                case PollNext():
+                    state = None
 
     def _wait(self, context: Context, not_before: float | None = None) -> Any:
         self._save()
@@ -298,8 +254,8 @@ class BatchCompleteSensor(BaseSensorOperator):
         self.defer(
             trigger=BatchCompleteTrigger(
                 provider=self.provider or self.batch["provider"],
-                conn_id=self._conn_id,
-                batch_id=self._attempts[-1]["batch_id"],
+                conn_id=self.conn_id or self.hook.default_conn_name,
+                batch_id=self.record.current.batch_id,
                 poll_interval=float(self.poll_interval),
                 timeout=timeout,
                 max_poll_errors=self.max_poll_errors,
@@ -307,72 +263,67 @@ class BatchCompleteSensor(BaseSensorOperator):
                 label=self._label,
                 not_before=not_before,
                 job_dir=self.batch.get("job_dir"),
-                carry=self._record,
+                carry=self.record.to_dict(),
             ),
             method_name="execute_complete",
             # A backstop only: the trigger fires its own timeout event first, so we can cancel.
             timeout=timedelta(seconds=timeout + 300 + max(0.0, (not_before or 0.0) - time.time())),
         )
 
-    def _on_terminal(self, context: Context, state: BatchState) -> CompletedBatch | _Wait | str:
-        """Decide what an ended batch means: finished, a follow-up was sent, wait, or raise."""
-        attempt = len(self._attempts)
+    def _on_terminal(self, context: Context, state: BatchState) -> Outcome:
+        """Decide what an ended batch means: finished, a new batch to poll, wait, or raise."""
+        attempt = len(self.record.attempts)
         label = self._label if attempt == 1 else f"{self._label} attempt {attempt}"
-        if state.status is BatchStatus.FAILED and is_token_limit_refusal(state):
-            return self._token_limit_wait(context, state, attempt)
-        if state.status is BatchStatus.CANCELLED and self._cancel_note(state.batch_id):
-            return self._after_our_cancel(context, state, attempt)
-        if state.status in (BatchStatus.FAILED, BatchStatus.CANCELLED):
-            raise_for_state({**self.batch, "label": label}, state)
-        self._record.pop("token_wait", None)  # type: ignore[union-attr]
-        self._attempts[-1]["state"] = state.to_dict()
+        if state.status is BatchStatus.FAILED:
+            if is_token_limit_refusal(state):
+                return self._token_limit_wait(context, state, attempt)
+            raise failed_error(label, state)
+        if state.status is BatchStatus.CANCELLED:
+            if self._cancel_note(state.batch_id):
+                return self._after_our_cancel(context, state, attempt)
+            raise cancelled_error(label, state)
+        # completed or expired: keep what finished, send the retryable failed lines again
+        self.record.token_wait = None
+        self.record.current.state = state
         self._save()
         if attempt > self.max_line_retries or nothing_to_retry(state):
             return self._finish()
-        scan, written = plan_followup(self._hook(), self.batch, state, attempt)
+        return self._follow_up(context, state, attempt, label)
+
+    def _follow_up(self, context: Context, state: BatchState, attempt: int, label: str) -> Finished | PollNext:
+        """Send attempt ``attempt``'s retryable failed lines as attempt ``attempt + 1`` (or finish: none)."""
+        scan, written = plan_followup(self.hook, self.batch, state, attempt)
         if scan.final_failures:
-            self.log.info("%s: %d line(s) failed for good: %s", label, scan.final_failed, _top(scan.final_failures))
+            self.log.info("%s: %d line(s) failed for good: %s",
+                          label, scan.final_failed, top_failures(scan.final_failures))  # fmt: skip
         if written is None:
             return self._finish()
         submitted = self._submit(context, followup_chunk(self.batch, attempt + 1, written), f"attempt-{attempt + 1}")
-        self._attempts.append({"batch_id": submitted["batch_id"]})
+        self.record.attempts.append(Attempt(submitted["batch_id"]))
         self._save()
-        self.log.warning(
-            "%s: %d line(s) failed retryably (%s); sent them again as batch %s (attempt %d of at most %d)",
-            label,
-            len(scan.retry_ids),
-            _top(scan.retryable),
-            submitted["batch_id"],
-            attempt + 1,
-            self.max_line_retries + 1,
-        )
-        return _NEXT
+        self.log.warning("%s: %d line(s) failed retryably (%s); sent them again as batch %s (attempt %d of at most %d)",
+                         label, len(scan.retry_ids), top_failures(scan.retryable), submitted["batch_id"],
+                         attempt + 1, self.max_line_retries + 1)  # fmt: skip
+        return PollNext(submitted["batch_id"])
 
-    def _token_limit_wait(self, context: Context, state: BatchState, attempt: int) -> _Wait | str:
-        wait = (self._record or {}).setdefault("token_wait", {})
+    def _token_limit_wait(self, context: Context, state: BatchState, attempt: int) -> WaitUntil | PollNext:
+        wait = self.record.token_wait = self.record.token_wait or {}
         first_look = "resubmit_at" not in wait
         step = refusal_step(
             wait, now=time.time(), interval=self.token_limit_retry_interval, max_wait=self.token_limit_max_wait
         )
-        detail = _format_errors(state.errors)
-        if step == "give_up":
-            raise BatchFailedError(
-                f"{self._label}: the provider refused batch {state.batch_id} for its enqueued-token limit for "
-                f"{time.time() - wait['since']:,.0f} s ({detail}). Lower chunk_size, set token_budget on "
-                "SubmitBatchOperator, or raise token_limit_max_wait.",
-                batch_id=state.batch_id,
-                errors=state.errors,
-                state=state.to_dict(),
-            )
-        if step == "wait":
+        detail = format_errors(state.errors)
+        if step is RefusalStep.GIVE_UP:
+            raise refused_error(self._label, state, waited=time.time() - wait["since"])
+        if step is RefusalStep.WAIT:
             if first_look:
                 self._save()
                 self.log.warning("%s: batch %s refused (%s); the same lines go again in %.0f s",
                                  self._label, state.batch_id, detail, wait["resubmit_at"] - time.time())  # fmt: skip
-            return _Wait(wait["resubmit_at"])
+            return WaitUntil(wait["resubmit_at"])
         return self._replace(context, attempt)
 
-    def _after_our_cancel(self, context: Context, state: BatchState, attempt: int) -> str:
+    def _after_our_cancel(self, context: Context, state: BatchState, attempt: int) -> PollNext:
         why = self._cancel_note(state.batch_id)
         if state.batch_id in self._cancelled_now:  # this very run cancelled it: the task is ending
             raise BatchCancelledError(
@@ -384,57 +335,46 @@ class BatchCompleteSensor(BaseSensorOperator):
                          self._label, state.batch_id, why)  # fmt: skip
         return self._replace(context, attempt)
 
-    def _replace(self, context: Context, attempt: int) -> str:
+    def _replace(self, context: Context, attempt: int) -> PollNext:
         """Send the current attempt's lines again as a new batch (after a refusal, or our own cancel)."""
-        current = self._attempts[-1]
-        replaced = current.setdefault("replaced", [])
-        replaced.append(current["batch_id"])
+        current = self.record.current
+        current.replaced.append(current.batch_id)
         chunk = attempt_chunk(self.batch, attempt)
-        submitted = self._submit(context, chunk, f"attempt-{attempt}.resubmit-{len(replaced)}")
-        current["batch_id"] = submitted["batch_id"]
+        submitted = self._submit(context, chunk, f"attempt-{attempt}.resubmit-{len(current.replaced)}")
+        current.batch_id = submitted["batch_id"]
         self._save()
-        self.log.info("%s: resubmitted the lines of batch %s as batch %s", self._label, replaced[-1],
+        self.log.info("%s: resubmitted the lines of batch %s as batch %s", self._label, current.replaced[-1],
                       submitted["batch_id"])  # fmt: skip
-        return _NEXT
+        return PollNext(submitted["batch_id"])
 
     def _submit(self, context: Context, chunk: ChunkDescriptor, tag: str) -> SubmittedBatch:
-        return submit_tagged(
-            self._hook(),
-            chunk,
-            context,
-            task_id=self.task_id,
-            dag_id=str(self.dag_id),
-            tag=tag,
-            checkpoint_key=f"{CHECKPOINT_KEY}.{tag}",
-            log=self.log,
-        )
+        return submit_tagged(self.hook, chunk, context, task_id=self.task_id, dag_id=str(self.dag_id), tag=tag,
+                             checkpoint_key=f"{CHECKPOINT_KEY}.{tag}", log=self.log)  # fmt: skip
 
-    def _finish(self) -> CompletedBatch:
-        states = [a["state"] for a in self._attempts]
+    def _finish(self) -> Finished:
+        # Each attempt's batch ended (completed or expired) before the next one was sent.
+        states = [a.state.to_dict() for a in self.record.attempts if a.state is not None]
         last = BatchState.from_dict(states[-1])
         left = max(0, last.counts.total - last.counts.completed)
-        self.log.info(
-            "%s: done after %d attempt(s) (batches %s); last attempt: %s%s",
-            self._label,
-            len(states),
-            ", ".join(s["batch_id"] for s in states),
-            last.progress_line(),
-            f"; {left:,} line(s) of it did not succeed" if left else "",
-        )
+        self.log.info("%s: done after %d attempt(s) (batches %s); last attempt: %s%s",
+                      self._label, len(states), ", ".join(s["batch_id"] for s in states), last.progress_line(),
+                      f"; {left:,} line(s) of it did not succeed" if left else "")  # fmt: skip
         for state in states:
             self._metrics.batch_ended(state["status"])
         self._metrics.requests_in_flight(0, chunk_index=self.batch.get("chunk_index"))
         first = states[0]
-        return cast(CompletedBatch, {**self.batch, "batch_id": first["batch_id"], "state": first, "attempts": states})
+        return Finished(
+            cast(CompletedBatch, {**self.batch, "batch_id": first["batch_id"], "state": first, "attempts": states})
+        )
 
     # -- cancellation ---------------------------------------------------------------------------------
     def _cancel(self, why: str) -> None:
         if not self.cancel_on_kill:
             return
-        batch_id = self._attempts[-1]["batch_id"]
+        batch_id = self._record.current.batch_id if self._record is not None else self.batch["batch_id"]
         self._cancelled_now.add(batch_id)
         if self._record is not None:  # recorded first: if the cancel call hangs, the record is there
-            self._record.setdefault("cancelled", {})[batch_id] = why
+            self._record.cancelled[batch_id] = why
             try:
                 self._save()
             except Exception as exc:  # on_kill runs while the task is being torn down
@@ -445,7 +385,7 @@ class BatchCompleteSensor(BaseSensorOperator):
             except OSError as exc:
                 self.log.warning("could not leave the cancel marker of batch %s: %s", batch_id, exc)
         try:
-            self._hook().cancel(batch_id)
+            self.hook.cancel(batch_id)
             self.log.warning("cancelled batch %s because %s", batch_id, why)
         except BatchProviderError as exc:
             self.log.warning("could not cancel batch %s: %s", batch_id, exc)

@@ -15,13 +15,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from functools import cached_property
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_batch_provider.batches.line_retry import mark_cancelled_by_us
 from airflow_batch_provider.exceptions import BatchProviderError
-from airflow_batch_provider.hooks.base import BatchHook, get_batch_hook
+from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.utils.retry import NO_RETRY
 
 
@@ -90,14 +92,26 @@ class BatchCompleteTrigger(BaseTrigger):
             },
         )
 
-    def _hook(self) -> BatchHook:
-        # One attempt per poll (the SDK still retries quick blips): the trigger counts failed
-        # polls itself and tolerates ``max_poll_errors`` in a row.
+    @cached_property
+    def hook(self) -> BatchHook:
+        """The hook that polls: one attempt per poll (tests may assign it).
+
+        The SDK still retries quick blips; the trigger counts failed polls itself and tolerates
+        ``max_poll_errors`` in a row.
+        """
         return get_batch_hook(self.provider, self.conn_id, retry_policy=NO_RETRY)
+
+    @cached_property
+    def cancel_hook(self) -> BatchHook:
+        """The hook that cancels on kill, with the full retry policy: a cancel must get through.
+
+        Apart from :attr:`hook` because on_kill may run while the poll loop still uses its client.
+        """
+        return get_batch_hook(self.provider, self.conn_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         """Poll until terminal; yield exactly one event."""
-        hook = self._hook()
+        hook = self.hook
         try:
             async for event in self._poll(hook):
                 yield event
@@ -171,13 +185,9 @@ class BatchCompleteTrigger(BaseTrigger):
                 await asyncio.to_thread(mark_cancelled_by_us, self.job_dir, self.batch_id, "its task was killed")
             except OSError as exc:
                 self.log.warning("could not record the cancel of batch %s in %s: %s", self.batch_id, self.job_dir, exc)
-        hook = get_batch_hook(self.provider, self.conn_id)
-        acancel = getattr(hook, "acancel", None)
+        hook = self.cancel_hook
         try:
-            if acancel is not None:
-                await acancel(self.batch_id)
-            else:
-                await asyncio.to_thread(hook.cancel, self.batch_id)
+            await hook.acancel(self.batch_id)
             self.log.info("cancelled batch %s because its task was killed", self.batch_id)
         except BatchProviderError as exc:
             self.log.warning("could not cancel batch %s on kill: %s", self.batch_id, exc)
@@ -190,4 +200,4 @@ async def close_async_client(hook: BatchHook, log: Any) -> None:
     try:
         await hook.aclose()
     except Exception as exc:  # closing must never turn a finished poll into a failure
-        log.warning("could not close the %s client of batch polling: %s", getattr(hook, "provider", ""), exc)
+        log.warning("could not close the %s client of batch polling: %s", hook.provider, exc)

@@ -4,7 +4,8 @@ The SDKs already retry connection errors, 408/409/429 and 5xx twice with short b
 For a nightly batch job that is too little: a provider hiccup of a minute must not fail the
 DAG. Here each call gets a few more attempts with longer, capped, jittered backoff, and a
 ``Retry-After`` the SDK refused to honour (OpenAI ignores values over 120 s) is respected
-up to ``max_delay``.
+up to ``max_delay``. :func:`iter_with_restarts` applies the same policy to a result stream
+that breaks mid-way: the download half of "nothing lost, nothing twice".
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -90,3 +91,52 @@ def retry_after_seconds(headers: object) -> float | None:
             except ValueError:
                 return None
     return None
+
+
+def iter_with_restarts(
+    open_stream: Callable[[], Generator[T]], *, what: str, classify: Classifier, policy: RetryPolicy
+) -> Iterator[T]:
+    """Yield ``open_stream()``'s items; when the stream breaks, reopen it and skip what was already yielded.
+
+    For immutable result files: the provider serves the same bytes each time, so after a
+    dropped connection the first ``n`` items of the new stream are the ``n`` already yielded and
+    are skipped — no record is yielded twice and none is lost. Retryable errors (as ``classify``
+    says) reopen the stream up to ``policy.attempts`` times without progress in between, waiting
+    ``policy.delay``; a stream that moved forward since its last break starts a fresh count.
+    """
+    yielded = 0
+    attempt = 1
+    progress_at_last_break = 0
+    while True:
+        position = 0
+        stream: Generator[T] | None = None
+        try:
+            stream = open_stream()
+            for item in stream:
+                position += 1
+                if position <= yielded:
+                    continue
+                yielded += 1
+                yield item
+            return
+        except Exception as exc:
+            if yielded > progress_at_last_break:  # it moved on since the last break: a fresh budget
+                attempt, progress_at_last_break = 1, yielded
+            retryable, retry_after = classify(exc)
+            if not retryable or attempt >= policy.attempts:
+                raise ProviderCallError(f"{what} failed after {attempt} attempt(s): {exc}") from exc
+            wait = policy.delay(attempt, retry_after)
+            log.warning(
+                "%s broke after %d record(s) (%s); reopening in %.1f s and skipping them (attempt %d/%d)",
+                what,
+                yielded,
+                exc,
+                wait,
+                attempt,
+                policy.attempts,
+            )
+            attempt += 1
+            time.sleep(wait)
+        finally:
+            if stream is not None:
+                stream.close()  # release the connection now, also when the caller stops early

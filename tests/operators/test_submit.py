@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from airflow_batch_provider.batches.submission import chunk_input_tokens, idempotency_key, submit_tagged
 from airflow_batch_provider.batches.token_budget import (
     CHUNK_TOKENS_KEY,
     MODEL_KEY,
@@ -17,13 +18,7 @@ from airflow_batch_provider.batches.token_budget import (
 )
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
-from airflow_batch_provider.operators.submit import (
-    CHECKPOINT_KEY,
-    SubmitBatchOperator,
-    chunk_input_tokens,
-    idempotency_key,
-    submit_tagged,
-)
+from airflow_batch_provider.operators.submit import CHECKPOINT_KEY, SubmitBatchOperator
 from airflow_batch_provider.status import BatchState, BatchStatus
 from tests.conftest import wait_terminal
 from tests.support import InMemoryTaskStateStore, make_context, write_chunk
@@ -94,14 +89,14 @@ def test_duplicates_found_on_reconcile_are_cancelled(openai_conn, tmp_path):
     hook = OpenAIBatchHook()
     key = idempotency_key("test_dag", "run-1", "submit", 0, chunk["fingerprint"])
     file_id = hook.upload_file(chunk["requests_path"])
-    a = hook.create_batch(file_id, chunk["endpoint"], {"airflow_idempotency_key": key})
-    b = hook.create_batch(file_id, chunk["endpoint"], {"airflow_idempotency_key": key})
+    a = hook.create_batch(chunk, input_file_id=file_id, metadata={"airflow_idempotency_key": key})
+    b = hook.create_batch(chunk, input_file_id=file_id, metadata={"airflow_idempotency_key": key})
     store = InMemoryTaskStateStore()
     store.set(CHECKPOINT_KEY, {"fingerprint": chunk["fingerprint"], "idempotency_key": key})
     result = _op(chunk).execute(make_context(store))
-    kept, other = (b, a) if result["batch_id"] == b.batch_id else (a, b)
-    assert result["batch_id"] == kept.batch_id
-    assert wait_terminal(hook, other.batch_id).status.value == "cancelled"
+    kept, other = (b, a) if result["batch_id"] == b else (a, b)
+    assert result["batch_id"] == kept
+    assert wait_terminal(hook, other).status.value == "cancelled"
     assert openai_conn.stats()["openai"]["batches_created"] == 2
 
 
@@ -210,7 +205,7 @@ def test_the_chunk_operators_token_estimate_is_used_without_reading_the_file(ope
     def no_reading(*args, **kwargs):
         raise AssertionError("the requests file was read again for its tokens")
 
-    monkeypatch.setattr("airflow_batch_provider.operators.submit.estimate_file_tokens", no_reading)
+    monkeypatch.setattr("airflow_batch_provider.batches.submission.estimate_file_tokens", no_reading)
     _op(chunk).execute(make_context(InMemoryTaskStateStore()))
     assert openai_conn.batches()[0]["metadata"][CHUNK_TOKENS_KEY] == "1234"
     assert chunk_input_tokens(chunk) == 1234

@@ -22,8 +22,8 @@ import pytest
 
 from airflow_batch_provider.exceptions import BatchProviderError, InvalidInputError
 from airflow_batch_provider.hooks import vllm_engine
-from airflow_batch_provider.hooks.base import get_batch_hook, hook_class_for
 from airflow_batch_provider.hooks.local_results import VLLMResultsHook, meta_path
+from airflow_batch_provider.hooks.registry import get_batch_hook, hook_class_for
 from airflow_batch_provider.hooks.vllm_engine import (
     INSTALL_HINT,
     EngineUnavailableError,

@@ -120,8 +120,8 @@ def test_on_kill_leaves_a_we_cancelled_it_marker(openai_conn, openai_hook, tmp_p
 
 
 def _recording_hook(trigger: BatchCompleteTrigger, monkeypatch) -> list:
-    """Make the trigger use one hook whose async SDK clients are recorded."""
-    hook = trigger._hook()
+    """Record the async SDK clients that the trigger's polling hook opens."""
+    hook = trigger.hook
     clients: list = []
     opened = hook.aget_client
 
@@ -131,7 +131,6 @@ def _recording_hook(trigger: BatchCompleteTrigger, monkeypatch) -> list:
         return client
 
     monkeypatch.setattr(hook, "aget_client", aget_client)
-    monkeypatch.setattr(trigger, "_hook", lambda: hook)
     return clients
 
 

@@ -1,0 +1,183 @@
+"""Create a chunk's batch at most once, whatever retries and crashes happen in between.
+
+Submission is checkpointed so that a retry, a crash or a worker loss never creates a
+second batch for the same chunk: an *intent* is recorded before the provider is called,
+the uploaded file id and the batch id right after each call. A retry that finds a batch
+id reattaches to it; one that finds only an intent first asks the provider whether the
+batch exists (OpenAI: batch metadata carries the idempotency key). :func:`submit_once` holds
+that logic for SubmitBatchOperator; :func:`submit_tagged` is the same for the extra batches
+BatchCompleteSensor sends (line retries, resubmissions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_batch_provider.batches.checkpoint import Checkpoint
+from airflow_batch_provider.batches.token_budget import estimate_file_tokens, token_metadata
+from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
+from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
+from airflow_batch_provider.status import BatchStatus
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+_DEAD = frozenset({BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.CANCELLING})
+
+
+def idempotency_key(dag_id: str, run_id: str, task_id: str, map_index: int, fingerprint: str) -> str:
+    """Return the key that identifies one chunk submission of one task instance."""
+    raw = f"{dag_id}\x1f{run_id}\x1f{task_id}\x1f{map_index}\x1f{fingerprint}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:40]
+
+
+def task_ids(context: Context | Mapping[str, Any], default_dag_id: str) -> tuple[str, str, int]:
+    """Return (dag_id, run_id, map_index) of the running task instance (placeholders in a bare context)."""
+    ti = context.get("ti")
+    dag_id = str(ti.dag_id) if ti is not None else default_dag_id
+    run_id = str(ti.run_id) if ti is not None else "no-run"
+    map_index = int(ti.map_index) if ti is not None and ti.map_index is not None else -1
+    return dag_id, run_id, map_index
+
+
+def chunk_input_tokens(chunk: ChunkDescriptor) -> int:
+    """Return the input tokens of a chunk from ChunkOperator: its own estimate, else one from the file.
+
+    ChunkOperator counts every chunk's tokens for its cost estimate (``estimated_input_tokens``,
+    counted on the file as written, after ``skip_unchanged``); reading the requests file again
+    here would cost about 0.1 s per 10,000 requests. Follow-up files (line retries) are smaller
+    than the descriptor they are derived from, so :func:`submit_tagged` always reads its file.
+    """
+    known = chunk.get("estimated_input_tokens")
+    if isinstance(known, int) and not isinstance(known, bool) and known > 0:
+        return known
+    return estimate_file_tokens(chunk["requests_path"], chunk["model"], chunk["provider"])
+
+
+def batch_metadata(
+    extra: Mapping[str, str], key: str, dag_id: str, run_id: str, task: str, label: str
+) -> dict[str, str]:
+    """Return the batch metadata we attach (OpenAI; ≤ 16 pairs with the user's ``extra``)."""
+    return {
+        **extra,
+        IDEMPOTENCY_METADATA_KEY: key,
+        "airflow_dag_id": dag_id[:512],
+        "airflow_run_id": run_id[:512],
+        "airflow_task": task[:512],
+        "chunk": label[:512],
+    }
+
+
+def submit_once(
+    hook: BatchHook,
+    chunk: ChunkDescriptor,
+    *,
+    checkpoint: Checkpoint,
+    key: str,
+    metadata: Mapping[str, str],
+    log: Any,
+    prepare: Callable[[], Mapping[str, str]] | None = None,
+) -> SubmittedBatch:
+    """Create ``chunk``'s batch at most once per ``checkpoint``; return the chunk plus its batch id.
+
+    Reattaches to a live batch recorded in the checkpoint, adopts one the provider already has
+    for ``key`` (crash between create and checkpoint), or uploads and creates, checkpointing
+    the intent, the file id and the batch id as it goes. ``prepare`` runs only when a new batch
+    is about to be created; it may defer the task or return extra metadata.
+    """
+    record = checkpoint.load()
+    if record and record.get("fingerprint") != chunk["fingerprint"]:
+        log.info("%s: the chunk changed since the last attempt; its checkpoint is ignored", chunk["label"])
+        record = None
+
+    if record and record.get("batch_id"):
+        state = hook.get_state(record["batch_id"])
+        if state.status not in _DEAD:
+            log.info("%s: reattaching to batch %s (%s)", chunk["label"], state.batch_id, state.provider_status)
+            return {**chunk, "batch_id": state.batch_id, "input_file_id": record.get("input_file_id")}
+        log.warning(
+            "%s: batch %s from an earlier attempt ended %s; submitting a new one",
+            chunk["label"],
+            state.batch_id,
+            state.provider_status,
+        )
+        record = {"fingerprint": chunk["fingerprint"], "input_file_id": record.get("input_file_id")}
+
+    # Always ask the provider before creating: a missing record may mean the store was cleared
+    # ([state_store] clear_on_success) rather than "never submitted". One list call per chunk.
+    since = (record or {}).get("intent_at")
+    existing = [s for s in hook.find_existing(key, chunk, since=since) if s.status not in _DEAD]
+    if existing:
+        keep, *extra = existing
+        for dup in extra if hook.exact_reconcile else ():
+            log.warning("%s: cancelling duplicate batch %s", chunk["label"], dup.batch_id)
+            hook.cancel(dup.batch_id)
+        log.info("%s: found batch %s created by an earlier attempt", chunk["label"], keep.batch_id)
+        checkpoint.save({**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": keep.batch_id})
+        return {**chunk, "batch_id": keep.batch_id, "input_file_id": (record or {}).get("input_file_id")}
+
+    extra_metadata = dict(prepare()) if prepare is not None else {}
+    record = {"fingerprint": chunk["fingerprint"], "idempotency_key": key, "intent_at": time.time(), **(record or {})}
+    checkpoint.save(record)  # the intent: from here on a retry must reconcile before submitting
+    return _create(hook, chunk, {**metadata, **extra_metadata}, record, checkpoint, log)
+
+
+def submit_tagged(
+    hook: BatchHook,
+    chunk: ChunkDescriptor,
+    context: Context,
+    *,
+    task_id: str,
+    dag_id: str,
+    tag: str,
+    checkpoint_key: str,
+    log: Any,
+) -> SubmittedBatch:
+    """Create one extra batch for a task (a sensor's follow-up or resubmission), once per ``tag``.
+
+    Checkpointed under ``checkpoint_key`` in the task state store and keyed by ``<task_id>.<tag>``
+    at the provider, so a retry of the task reattaches to the batch instead of creating another.
+    """
+    dag, run_id, map_index = task_ids(context, dag_id)
+    task = f"{task_id}.{tag}"
+    key = idempotency_key(dag, run_id, task, map_index, chunk["fingerprint"])
+
+    def prepare() -> dict[str, str]:
+        if not hook.supports_token_budget:  # no budget to count against: no token metadata either
+            return {}
+        tokens = estimate_file_tokens(chunk["requests_path"], chunk["model"], chunk["provider"])
+        return token_metadata(tokens, chunk["model"])
+
+    return submit_once(
+        hook,
+        chunk,
+        checkpoint=Checkpoint(context, checkpoint_key),
+        key=key,
+        metadata=batch_metadata({}, key, dag, run_id, f"{task}[{map_index}]", chunk["label"]),
+        log=log,
+        prepare=prepare,
+    )
+
+
+def _create(
+    hook: BatchHook,
+    chunk: ChunkDescriptor,
+    metadata: Mapping[str, str],
+    record: dict[str, Any],
+    checkpoint: Checkpoint,
+    log: Any,
+) -> SubmittedBatch:
+    file_id = record.get("input_file_id")
+    if file_id:
+        log.info("%s: reusing uploaded file %s", chunk["label"], file_id)
+    else:
+        file_id = hook.upload_file(chunk["requests_path"], chunk_label=chunk["label"])
+        if file_id is not None:  # a backend with an upload step: a retry reuses the uploaded file
+            record = {**record, "input_file_id": file_id}
+            checkpoint.save(record)
+    batch_id = hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)
+    checkpoint.save({**record, "batch_id": batch_id})
+    return {**chunk, "batch_id": batch_id, "input_file_id": file_id}
