@@ -1,4 +1,4 @@
-"""line_retry: which failed lines are resent, the follow-up files, and restartable result streams."""
+"""line_retry: which failed lines are resent, and the follow-up files."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from airflow_batch_provider.batches.line_retry import (
     describe_failure,
     followup_chunk,
     is_retryable,
-    iter_with_restarts,
     mark_cancelled_by_us,
     nothing_to_retry,
     read_custom_ids,
@@ -24,10 +23,9 @@ from airflow_batch_provider.batches.line_retry import (
     scan_attempt,
     write_followup,
 )
-from airflow_batch_provider.exceptions import ProviderCallError, ResultsError
+from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.results.parse import parse_anthropic_result, parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.utils.retry import RetryPolicy
 from tests.support import write_chunk
 
 
@@ -180,76 +178,3 @@ def test_cancel_markers(tmp_path):
     mark_cancelled_by_us(str(tmp_path), "batch_1", "its task was killed")
     assert cancelled_by_us(str(tmp_path), "batch_1") == "its task was killed"
     assert cancelled_by_us(str(tmp_path), "batch_2") is None
-
-
-# ------------------------------------------------------------------------------ stream restarts
-
-FAST = RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.001)
-
-
-class Flaky:
-    """A stream of ``items`` whose first ``breaks`` openings fail after ``after`` items."""
-
-    def __init__(self, items: list[int], breaks: list[int], exc: type[Exception] = ConnectionError) -> None:
-        self.items = items
-        self.breaks = list(breaks)
-        self.exc = exc
-        self.opened = 0
-
-    def open(self):
-        self.opened += 1
-        stop = self.breaks.pop(0) if self.breaks else None
-        for position, item in enumerate(self.items):
-            if position == stop:
-                raise self.exc("connection reset mid-stream")
-            yield item
-
-
-def _retry_connection_errors(exc: BaseException) -> tuple[bool, float | None]:
-    return isinstance(exc, ConnectionError), None
-
-
-def test_a_broken_stream_is_reopened_without_duplicates_or_losses():
-    stream = Flaky(list(range(10)), breaks=[4, 7])
-    got = list(iter_with_restarts(stream.open, what="download", classify=_retry_connection_errors, policy=FAST))
-    assert got == list(range(10))
-    assert stream.opened == 3
-
-
-def test_progress_between_breaks_resets_the_attempt_budget():
-    stream = Flaky(list(range(10)), breaks=[2, 4, 6, 8])  # four breaks, each after progress
-    got = list(iter_with_restarts(stream.open, what="download", classify=_retry_connection_errors, policy=FAST))
-    assert got == list(range(10))
-
-
-def test_a_stream_that_keeps_breaking_at_once_gives_up():
-    stream = Flaky(list(range(10)), breaks=[0, 0, 0, 0])
-    with pytest.raises(ProviderCallError, match="after 3 attempt"):
-        list(iter_with_restarts(stream.open, what="download", classify=_retry_connection_errors, policy=FAST))
-
-
-def test_a_non_retryable_error_is_not_retried():
-    stream = Flaky(list(range(10)), breaks=[3], exc=ValueError)
-    got: list[int] = []
-
-    def consume() -> None:
-        got.extend(iter_with_restarts(stream.open, what="download", classify=_retry_connection_errors, policy=FAST))
-
-    with pytest.raises(ProviderCallError, match="download failed after 1"):
-        consume()
-    assert got == [0, 1, 2] and stream.opened == 1
-
-
-def test_stopping_early_closes_the_stream():
-    closed = []
-
-    def open_stream():
-        try:
-            yield from range(100)
-        finally:
-            closed.append(True)
-
-    stream = iter_with_restarts(open_stream, what="d", classify=_retry_connection_errors, policy=FAST)
-    assert next(stream) == 0
-    stream.close()
-    assert closed == [True]

@@ -1,0 +1,55 @@
+"""The backend registry and the defaults every backend inherits from BatchHook."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from airflow_batch_provider.exceptions import BatchProviderError, InvalidInputError
+from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.hooks.registry import BACKENDS, get_batch_hook, hook_class_for
+from tests.support import write_chunk
+
+
+@pytest.mark.parametrize("provider", sorted(BACKENDS))
+def test_every_registry_line_loads_a_hook_of_that_provider(provider):
+    hook_class = hook_class_for(provider)
+    assert issubclass(hook_class, BatchHook) and hook_class.provider == provider
+    assert not getattr(hook_class, "__abstractmethods__", None), "the backend leaves abstract methods"
+
+
+def test_an_unknown_provider_names_the_known_ones():
+    with pytest.raises(InvalidInputError, match=r"'bedrock'.*\['anthropic', 'openai', 'server', 'vllm'\]"):
+        get_batch_hook("bedrock")
+
+
+def test_choosing_a_backend_imports_no_other_backend():
+    """The table holds import paths: loading the registry or one backend does not import the others."""
+    code = (
+        "import sys\n"
+        "from airflow_batch_provider.hooks.registry import hook_class_for\n"
+        "hook_class_for('vllm')\n"
+        "print(sorted(m for m in sys.modules if m.startswith('airflow_batch_provider.hooks.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert "hooks.local_results" in out
+    assert "hooks.openai_batch" not in out and "hooks.anthropic_batch" not in out
+
+
+def test_the_async_cancel_defaults_to_the_blocking_one():
+    """LocalResultsHook keeps BatchHook's acancel: it runs cancel (which refuses) in a thread."""
+    hook = get_batch_hook("server")
+    with pytest.raises(BatchProviderError, match="no batch to submit, poll or cancel"):
+        asyncio.run(hook.acancel("server-x"))
+
+
+def test_without_an_upload_step_submit_creates_from_the_chunk_alone(tmp_path):
+    """The default upload_file returns None, so submit goes straight to create_batch (which refuses here)."""
+    hook = get_batch_hook("vllm")
+    assert hook.upload_file(str(tmp_path / "chunk.jsonl")) is None
+    assert not hook.supports_token_budget
+    with pytest.raises(BatchProviderError, match=r"chunk 1/1 .*: 'vllm' results are written by vLLMGenerateOperator"):
+        hook.submit(write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]), metadata={})
