@@ -12,7 +12,6 @@ The hierarchy, drawn once so callers can catch at the right depth::
     ├── BatchTimeoutError              the batch did not end within the sensor's timeout
     ├── BatchEndedBadlyError           the batch ended without usable results
     │   ├── BatchFailedError           provider-side validation or processing failure
-    │   ├── BatchExpiredError          the completion window passed
     │   └── BatchCancelledError        the batch was cancelled
     ├── ResultsError                   result files could not be read or joined back
     └── TooManyFailuresError           merged, but some chunk has more failed rows than max_failure_ratio
@@ -75,7 +74,11 @@ class BatchTimeoutError(BatchProviderError):
 
 
 class BatchEndedBadlyError(BatchProviderError):
-    """Report a batch that ended failed, expired or cancelled; carries the provider's messages."""
+    """Report a batch that ended failed or cancelled; carries the provider's messages.
+
+    An expired batch is not an error: what finished is kept and what expired is sent again
+    (see BatchCompleteSensor).
+    """
 
     def __init__(
         self, message: str, batch_id: str, errors: Sequence[dict[str, Any]] = (), state: dict[str, Any] | None = None
@@ -88,10 +91,6 @@ class BatchEndedBadlyError(BatchProviderError):
 
 class BatchFailedError(BatchEndedBadlyError):
     """Report a batch the provider failed (validation errors, token limits, ...)."""
-
-
-class BatchExpiredError(BatchEndedBadlyError):
-    """Report a batch that passed its completion window before finishing."""
 
 
 class BatchCancelledError(BatchEndedBadlyError):
