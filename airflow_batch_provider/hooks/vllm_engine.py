@@ -1,283 +1,224 @@
-"""The one place that imports vLLM, and the translation of OpenAI request bodies into vLLM calls.
+"""The one place that imports vLLM: load the engine, read what requests need from it, shut it down.
 
 :func:`create_engine` is the single factory vLLMGenerateOperator calls: it imports ``vllm``
-(an optional extra: ``pip install 'airflow-batch-provider[vllm]'``), loads the model with
-``vllm.LLM(**engine_args)`` and returns a :class:`VLLMEngine` bundle (the ``LLM``, the
-``SamplingParams`` class, and the structured-output parameter class this vLLM version has).
-Tests replace the factory with a stand-in that has vLLM's call signatures.
+(an optional extra: ``pip install 'airflow-batch-provider[vllm]'``), loads ``vllm.LLM(**engine_args)``
+and returns a :class:`VLLMEngine`: the ``LLM`` plus what the request code needs from this vLLM
+version and this model (the ``SamplingParams`` and structured-output classes, the error classes
+vLLM raises, the model's ``max_model_len`` and runner, its ``generation_config`` sampling
+defaults and a tokenizer-based prompt counter). :func:`shutdown_engine` frees the GPUs.
 
-Everything else here is plain Python over that bundle: :func:`sampling_kwargs` maps one
-``/v1/chat/completions`` body to ``SamplingParams`` keyword arguments, :func:`run_chat` and
-:func:`run_embed` send a whole chunk in one ``llm.chat`` / ``llm.embed`` call (so vLLM's
-continuous batching keeps the GPU full) and yield one OpenAI-shaped response body per request.
+:func:`describe_llm` builds the same bundle around any object with ``vllm.LLM``'s interface: the
+tests use it with a stand-in ``LLM`` (vLLM cannot load a model without a GPU) and vLLM's real
+classes from :func:`load_classes` (they import on a CPU machine).
+
+Supported: vLLM >= 0.10.2 (:data:`MIN_VLLM`), the first release with ``runner="pooling"`` whose
+default (V1) engine compiles the JSON schemas ChunkOperator writes (``enum``, ``pattern``, bounds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+import gc
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batch_provider.exceptions import BatchProviderError
-from airflow_batch_provider.hooks.local_results import chat_completion_body, embedding_body
 
 INSTALL_HINT = "pip install 'airflow-batch-provider[vllm]'"
+MIN_VLLM = "0.10.2"
 
-# Body keys copied unchanged into SamplingParams (vLLM uses the OpenAI names, plus its own extras).
-_PASSTHROUGH = (
-    "temperature",
-    "top_p",
-    "stop",
-    "seed",
+# generation_config keys ``vllm serve`` uses as per-request defaults (ModelConfig.get_diff_sampling_param).
+GENERATION_DEFAULT_KEYS = (
+    "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",
+    "temperature",
     "top_k",
+    "top_p",
     "min_p",
-    "repetition_penalty",
-    "min_tokens",
-    "stop_token_ids",
-    "ignore_eos",
+    "max_tokens",
+    "skip_special_tokens",
 )
-# Body keys that need no SamplingParams counterpart: consumed elsewhere or harmless to drop.
-_HANDLED = frozenset(
-    {"model", "messages", "max_tokens", "max_completion_tokens", "n", "response_format", "stream", "user", "store"}
-)
-_UNSUPPORTED = {
-    "tools": "tool calling is not supported by vLLMGenerateOperator; use response_schema (guided decoding)",
-    "tool_choice": "tool calling is not supported by vLLMGenerateOperator; use response_schema (guided decoding)",
-    "functions": "function calling is not supported by vLLMGenerateOperator; use response_schema",
-    "function_call": "function calling is not supported by vLLMGenerateOperator; use response_schema",
-}
 
 
 class EngineUnavailableError(BatchProviderError):
     """Report that vLLM cannot be imported on this worker (not installed, or a broken install)."""
 
 
-class UnsupportedRequestError(ValueError):
-    """Report a request body this engine cannot answer; the row gets an error line, the chunk goes on."""
-
-
 @dataclass(frozen=True)
-class VLLMEngine:
-    """A loaded model plus the vLLM classes its requests need.
+class VLLMClasses:
+    """The vLLM classes the request code uses, as found in the installed version.
 
     ``structured_outputs`` is ``(SamplingParams keyword, params class)``: ``("structured_outputs",
-    StructuredOutputsParams)`` on current vLLM, ``("guided_decoding", GuidedDecodingParams)`` before
-    0.12, or None when this vLLM has neither.
+    StructuredOutputsParams)`` from vLLM 0.11, ``("guided_decoding", GuidedDecodingParams)`` on 0.10.x
+    (removed in 0.12), or None. ``client_errors`` are what vLLM raises for a bad request
+    (``VLLMClientError`` from 0.2x is not a ``ValueError``); ``fatal_errors`` mean the engine itself
+    is gone (``EngineDeadError``): no use trying other rows.
     """
 
-    llm: Any
     sampling_params: Callable[..., Any]
-    structured_outputs: tuple[str, Callable[..., Any]] | None = None
+    structured_outputs: tuple[str, Callable[..., Any]] | None
+    client_errors: tuple[type[BaseException], ...] = (ValueError, TypeError)
+    fatal_errors: tuple[type[BaseException], ...] = ()
     version: str = "unknown"
 
 
-def create_engine(**engine_args: Any) -> VLLMEngine:
-    """Import vLLM and load ``vllm.LLM(**engine_args)``; raise EngineUnavailableError with the install hint."""
+@dataclass
+class VLLMEngine:
+    """A loaded model plus what its requests need; see :func:`describe_llm`.
+
+    ``count_prompt`` returns the prompt tokens of a chat conversation (a message list) or of an
+    embedding input (a string), or None when the tokenizer cannot tell.
+    """
+
+    llm: Any
+    classes: VLLMClasses
+    max_model_len: int | None = None
+    runner: str = "generate"
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    count_prompt: Callable[[Any], int | None] | None = None
+    max_num_seqs: int | None = None
+    cleanup: Callable[[], Any] = gc.collect
+
+    @property
+    def version(self) -> str:
+        """The installed vLLM version."""
+        return self.classes.version
+
+
+def _import_error(exc: BaseException) -> EngineUnavailableError:
+    return EngineUnavailableError(
+        f"vLLMGenerateOperator needs vLLM >= {MIN_VLLM} on the worker that runs it, but importing vllm failed "
+        f"({exc}). Install the extra on your GPU workers: {INSTALL_HINT} (see docker/Dockerfile.gpu), "
+        "and route the task to them with queue='gpu'."
+    )
+
+
+def load_classes() -> VLLMClasses:
+    """Import vLLM's request classes; raise EngineUnavailableError (with the install hint) without vLLM."""
     try:
         import vllm
-        from vllm import LLM, SamplingParams
+        from vllm import sampling_params as module
     except (ImportError, OSError) as exc:
-        raise EngineUnavailableError(
-            f"vLLMGenerateOperator needs vLLM on the worker that runs it, but importing vllm failed ({exc}). "
-            f"Install the extra on your GPU workers: {INSTALL_HINT} (see docker/Dockerfile.gpu), "
-            "and route the task to them with queue='gpu'."
-        ) from exc
-    structured = structured_outputs_support()
-    llm = LLM(**engine_args)
-    return VLLMEngine(
-        llm=llm,
-        sampling_params=SamplingParams,
+        raise _import_error(exc) from exc
+    structured: tuple[str, Callable[..., Any]] | None = None
+    current = getattr(module, "StructuredOutputsParams", None)  # vLLM >= 0.11
+    legacy = getattr(module, "GuidedDecodingParams", None)  # vLLM 0.10.x (removed in 0.12)
+    if current is not None:
+        structured = ("structured_outputs", current)
+    elif legacy is not None:
+        structured = ("guided_decoding", legacy)
+    client: tuple[type[BaseException], ...] = (ValueError, TypeError)
+    try:  # vLLM's own request-error base (0.2x); older versions raise ValueError
+        from vllm.exceptions import VLLMClientError
+
+        client = (*client, VLLMClientError)
+    except ImportError:
+        pass
+    fatal: tuple[type[BaseException], ...] = ()
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        fatal = (EngineDeadError,)
+    except ImportError:
+        pass
+    return VLLMClasses(
+        sampling_params=module.SamplingParams,
         structured_outputs=structured,
+        client_errors=client,
+        fatal_errors=fatal,
         version=str(getattr(vllm, "__version__", "unknown")),
     )
 
 
-def structured_outputs_support() -> tuple[str, Callable[..., Any]] | None:
-    """Return the structured-output keyword and class of the installed vLLM (None when it has none)."""
+def create_engine(**engine_args: Any) -> VLLMEngine:
+    """Import vLLM and load ``vllm.LLM(**engine_args)``; raise EngineUnavailableError with the install hint."""
+    classes = load_classes()
+    from vllm import LLM
+
+    engine = describe_llm(LLM(**engine_args), classes)
+    engine.cleanup = _release_gpu_memory
+    return engine
+
+
+def describe_llm(llm: Any, classes: VLLMClasses) -> VLLMEngine:
+    """Read the model's context length, runner, sampling defaults and tokenizer off a loaded ``LLM``."""
+    config = _model_config(llm)
+    runner = str(getattr(config, "runner_type", "generate") or "generate")
+    max_len = getattr(config, "max_model_len", None)
+    defaults = config.get_diff_sampling_param() if config is not None else {}
+    return VLLMEngine(
+        llm=llm,
+        classes=classes,
+        max_model_len=int(max_len) if max_len else None,
+        runner=runner,
+        sampling_defaults={k: v for k, v in dict(defaults or {}).items() if k in GENERATION_DEFAULT_KEYS},
+        count_prompt=_prompt_counter(llm),
+        max_num_seqs=_scheduler_max_num_seqs(llm),
+    )
+
+
+def _model_config(llm: Any) -> Any:
+    # ``LLM.model_config`` on current vLLM; ``LLM.llm_engine.model_config`` on 0.10.x.
+    config = getattr(llm, "model_config", None)
+    return config if config is not None else getattr(getattr(llm, "llm_engine", None), "model_config", None)
+
+
+def _scheduler_max_num_seqs(llm: Any) -> int | None:
+    # What vLLM really chose when max_num_seqs was left to it (it depends on the GPU).
+    vllm_config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    value = getattr(getattr(vllm_config, "scheduler_config", None), "max_num_seqs", None)
+    return int(value) if isinstance(value, int) else None
+
+
+def _prompt_counter(llm: Any) -> Callable[[Any], int | None] | None:
+    """Return a function counting a prompt's tokens with the model's tokenizer (None without one)."""
     try:
-        from vllm import sampling_params as module
-    except ImportError:
+        tokenizer = llm.get_tokenizer()
+    except Exception:  # a pooling model without a tokenizer: the engine's own check still applies
         return None
-    current = getattr(module, "StructuredOutputsParams", None)
-    if current is not None:
-        return "structured_outputs", current
-    legacy = getattr(module, "GuidedDecodingParams", None)
-    if legacy is not None:
-        return "guided_decoding", legacy
-    return None
 
-
-# ------------------------------------------------------------------------------------- mapping
-
-
-def sampling_kwargs(body: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None, list[str]]:
-    """Map a chat request body to (SamplingParams kwargs, structured-output kwargs or None, ignored keys).
-
-    ``max_tokens`` / ``max_completion_tokens`` become ``max_tokens``; without either it is None
-    (generate up to the model's context, as OpenAI does — vLLM's own default is 16 tokens).
-    ``n`` must be 1. ``response_format`` ``json_schema`` becomes ``{"json": schema}``,
-    ``json_object`` becomes ``{"json_object": True}``. Raises UnsupportedRequestError for what
-    cannot be honoured (``n > 1``, tool calling, an unknown response format).
-    """
-    for key, reason in _UNSUPPORTED.items():
-        if body.get(key) is not None:
-            raise UnsupportedRequestError(f"'{key}': {reason}.")
-    n = body.get("n")
-    if n not in (None, 1):
-        raise UnsupportedRequestError(f"'n' must be 1 (one completion per request), got {n!r}.")
-    kwargs: dict[str, Any] = {"n": 1}
-    for key in _PASSTHROUGH:
-        if body.get(key) is not None:
-            kwargs[key] = body[key]
-    limit = body.get("max_completion_tokens", body.get("max_tokens"))
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise UnsupportedRequestError(f"'max_tokens' must be a positive integer, got {limit!r}.")
-    kwargs["max_tokens"] = limit
-    structured = _structured(body.get("response_format"))
-    ignored = sorted(k for k in body if k not in _HANDLED and k not in _PASSTHROUGH)
-    return kwargs, structured, ignored
-
-
-def _structured(response_format: Any) -> dict[str, Any] | None:
-    if response_format is None:
-        return None
-    kind = response_format.get("type") if isinstance(response_format, Mapping) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"json_object": True}
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, Mapping) else None
-        if not isinstance(schema, Mapping):
-            raise UnsupportedRequestError("'response_format.json_schema.schema' must be a JSON Schema object.")
-        return {"json": dict(schema)}
-    raise UnsupportedRequestError(f"'response_format' type {kind!r} is not supported (text, json_object, json_schema).")
-
-
-def build_sampling_params(engine: VLLMEngine, body: Mapping[str, Any]) -> tuple[Any, list[str]]:
-    """Return (SamplingParams for ``body``, body keys that were ignored)."""
-    kwargs, structured, ignored = sampling_kwargs(body)
-    if structured is not None:
-        if engine.structured_outputs is None:
-            raise UnsupportedRequestError(
-                f"this vLLM ({engine.version}) has no structured-output support, but the request asks for "
-                f"{sorted(structured)} output; upgrade vLLM or drop response_schema."
-            )
-        keyword, params_class = engine.structured_outputs
-        kwargs[keyword] = params_class(**structured)
-    return engine.sampling_params(**kwargs), ignored
-
-
-# ----------------------------------------------------------------------------------------- calls
-
-
-@dataclass
-class Answer:
-    """One request's answer: an OpenAI response body, or an error message (HTTP-400-like)."""
-
-    index: int
-    body: dict[str, Any] | None = None
-    error: str | None = None
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-
-def run_chat(
-    engine: VLLMEngine,
-    requests: Sequence[tuple[int, Mapping[str, Any]]],
-    *,
-    model: str,
-    request_ids: Sequence[str],
-    on_ignored: Callable[[list[str]], None] | None = None,
-) -> Iterator[Answer]:
-    """Answer ``(index, chat body)`` pairs with ONE ``llm.chat`` call; yield an :class:`Answer` per pair.
-
-    Requests whose parameters cannot be mapped are answered with an error and left out of the
-    call. ``request_ids[index]`` becomes the completion id of the request at ``index``.
-    """
-    conversations: list[Any] = []
-    params: list[Any] = []
-    sent: list[int] = []
-    ignored: set[str] = set()
-    for index, body in requests:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            yield Answer(index, error="'messages' must be a non-empty array.")
-            continue
+    def count(prompt: Any) -> int | None:
         try:
-            sampling, skipped = build_sampling_params(engine, body)
-        except UnsupportedRequestError as exc:
-            yield Answer(index, error=str(exc))
-            continue
-        ignored.update(skipped)
-        conversations.append(messages)
-        params.append(sampling)
-        sent.append(index)
-    if ignored and on_ignored is not None:
-        on_ignored(sorted(ignored))
-    if not sent:
+            if isinstance(prompt, str):
+                return len(tokenizer.encode(prompt))
+            if isinstance(prompt, Mapping) and "prompt_token_ids" in prompt:
+                return len(prompt["prompt_token_ids"])
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        except Exception:  # a template this tokenizer cannot render: leave the row to the engine
+            return None
+        if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return len(ids) if isinstance(ids, Sequence) else None
+
+    return count
+
+
+def shutdown_engine(engine: VLLMEngine) -> None:
+    """Stop the engine's worker processes and free its GPU memory now, not at interpreter exit.
+
+    The task runner may leave the process through ``os._exit``, which skips the finalizers vLLM
+    relies on; the next task on the same GPU would then find the memory taken. Calls
+    ``LLM.shutdown()`` where the installed vLLM has it, else the V1 engine core client's
+    ``shutdown()`` (``llm.llm_engine.engine_core``, vLLM 0.10.2 and later); then ``engine.cleanup``
+    (for a real engine: vLLM's own ``cleanup_dist_env_and_memory``).
+    """
+    llm, engine.llm = engine.llm, None
+    if llm is None:
         return
-    outputs = engine.llm.chat(conversations, sampling_params=params, use_tqdm=False)
-    if len(outputs) != len(sent):
-        raise BatchProviderError(f"vLLM returned {len(outputs)} outputs for {len(sent)} chat requests.")
-    for index, output in zip(sent, outputs):
-        completion = output.outputs[0]
-        prompt_tokens = len(output.prompt_token_ids or ())
-        completion_tokens = len(completion.token_ids or ())
-        body = chat_completion_body(
-            completion_id=request_ids[index],
-            model=model,
-            text=completion.text,
-            finish_reason=completion.finish_reason,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-        )
-        yield Answer(index, body=body, input_tokens=prompt_tokens, output_tokens=completion_tokens)
+    stop = getattr(llm, "shutdown", None)
+    if callable(stop):
+        stop()
+    else:
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
+    del llm
+    engine.cleanup()
 
 
-def _embedding_inputs(body: Mapping[str, Any]) -> list[Any]:
-    if body.get("dimensions") is not None:
-        raise UnsupportedRequestError("'dimensions' is not supported by vLLMGenerateOperator; drop it.")
-    value = body.get("input")
-    if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, int) for v in value)):
-        value = [value]
-    if not isinstance(value, list) or not value:
-        raise UnsupportedRequestError("'input' must be a non-empty string or array.")
-    prompts: list[Any] = []
-    for item in value:
-        if isinstance(item, str) and item:
-            prompts.append(item)
-        elif isinstance(item, list) and item and all(isinstance(v, int) for v in item):
-            prompts.append({"prompt_token_ids": item})  # vLLM's TokensPrompt
-        else:
-            raise UnsupportedRequestError("'input' items must be non-empty strings or token arrays.")
-    return prompts
+def _release_gpu_memory() -> None:
+    # Tears down vLLM's tensor-parallel process groups and empties the CUDA cache.
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
 
-
-def run_embed(engine: VLLMEngine, requests: Sequence[tuple[int, Mapping[str, Any]]], *, model: str) -> Iterator[Answer]:
-    """Answer ``(index, embeddings body)`` pairs with ONE ``llm.embed`` call; yield an :class:`Answer` per pair."""
-    prompts: list[Any] = []
-    spans: list[tuple[int, int, int]] = []  # (index, start, end) into prompts
-    for index, body in requests:
-        try:
-            inputs = _embedding_inputs(body)
-        except UnsupportedRequestError as exc:
-            yield Answer(index, error=str(exc))
-            continue
-        spans.append((index, len(prompts), len(prompts) + len(inputs)))
-        prompts.extend(inputs)
-    if not prompts:
-        return
-    outputs = engine.llm.embed(prompts, use_tqdm=False)
-    if len(outputs) != len(prompts):
-        raise BatchProviderError(f"vLLM returned {len(outputs)} embeddings for {len(prompts)} inputs.")
-    for index, start, end in spans:
-        part = outputs[start:end]
-        vectors = [[float(v) for v in out.outputs.embedding] for out in part]
-        tokens = sum(len(out.prompt_token_ids or ()) for out in part)
-        yield Answer(
-            index, body=embedding_body(model=model, vectors=vectors, prompt_tokens=tokens), input_tokens=tokens
-        )
+    cleanup_dist_env_and_memory()

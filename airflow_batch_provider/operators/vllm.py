@@ -11,25 +11,31 @@ The task loads the model once (``vllm.LLM``), sends all the chunk's requests in 
 ``llm.chat`` (or ``llm.embed``) call so continuous batching keeps the GPU full, and writes the
 OpenAI batch output format, so MergeResultsOperator merges the result unchanged. A retry
 does not regenerate a chunk whose output is already complete (and does not even load the model).
+A bad row becomes an error line for that row only (see :mod:`airflow_batch_provider.hooks.vllm_answers`);
+the engine is shut down when the task ends, whatever happened.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks import vllm_engine
 from airflow_batch_provider.hooks.local_results import (
+    ChunkRequest,
     ResultCounts,
     error_line,
     iter_requests,
     request_id,
     success_line,
 )
+from airflow_batch_provider.hooks.vllm_answers import Answer, run_chat, run_embed
 from airflow_batch_provider.operators.self_hosted import CHUNK_LABEL_TEMPLATE, SelfHostedGenerateOperator
+from airflow_batch_provider.operators.vllm_pod import DEFAULT_SHM_SIZE, gpu_executor_config
 
 GPU_QUEUE = "gpu"
 
@@ -43,23 +49,65 @@ def _check_range(name: str, value: Any, low: float, high: float | None = None, *
         raise InvalidInputError(f"{name} must be {what} {bound}, got {value!r}.")
 
 
+class _ChunkOutput:
+    """Write one output line per request of a chunk and count them."""
+
+    def __init__(self, chunk: ChunkDescriptor, requests: list[ChunkRequest], write: Callable[[bytes], Any]) -> None:
+        self.fingerprint = chunk["fingerprint"]
+        self.custom_ids = [r.custom_id for r in requests]
+        self.request_ids = [request_id(self.fingerprint, r.index) for r in requests]
+        self.write = write
+        self.counts = ResultCounts()
+        self.failures: Counter[str] = Counter()
+        self.input_tokens = self.output_tokens = 0
+
+    def add(self, answer: Answer) -> None:
+        """Write ``answer`` as a success line (HTTP 200) or an error line with its status and code."""
+        index = answer.index
+        if answer.body is None:
+            line = error_line(
+                self.custom_ids[index],
+                fingerprint=self.fingerprint,
+                req_id=self.request_ids[index],
+                message=answer.error or "the engine returned no answer",
+                status_code=answer.status_code,
+                code=answer.code,
+            )
+            self.failures[f"{answer.status_code} {answer.code}"] += 1
+        else:
+            line = success_line(
+                self.custom_ids[index], answer.body, fingerprint=self.fingerprint, req_id=self.request_ids[index]
+            )
+            self.input_tokens += answer.input_tokens
+            self.output_tokens += answer.output_tokens
+        self.write(line + b"\n")
+        self.counts.add(answer.body is not None)
+
+
 class vLLMGenerateOperator(SelfHostedGenerateOperator):
     """Generate a chunk's answers with ``vllm.LLM`` on this worker's GPUs; return a completed batch.
 
     Engine arguments go to ``vllm.LLM``; None means vLLM's own default. The model is loaded once
-    per task, so prefer large chunks (e.g. ``chunk_size=50_000``) to spread the load time.
+    per task, so prefer large chunks (e.g. ``chunk_size=50_000``) to spread the load time. Sampling
+    keys a request leaves unset take the model's ``generation_config`` defaults, as ``vllm serve``
+    does (``engine_kwargs={"generation_config": "vllm"}`` turns that off).
 
     :param chunk: a chunk descriptor from ChunkOperator (``/v1/chat/completions`` or ``/v1/embeddings``).
     :param model: Hugging Face id or local path; default: the chunk's model.
-    :param max_num_seqs: sequences vLLM schedules at once (its batch size).
+    :param max_num_seqs: sequences vLLM schedules at once (its batch size); default: vLLM's (it picks
+        by GPU, e.g. 1024 on H100/H200-class GPUs in current versions).
     :param gpu_memory_utilization: fraction of each GPU's memory vLLM may take (weights + KV cache).
-    :param tensor_parallel_size: GPUs one model is sharded across; the worker must see that many.
+    :param tensor_parallel_size: GPUs one model is sharded across; the worker must see that many
+        (under KubernetesExecutor the task's pod asks for that many ``nvidia.com/gpu``).
     :param max_model_len: context length cap (lowers KV-cache memory); default: the model's.
     :param dtype: weights/activation dtype (``auto``, ``bfloat16``, ``float16``...).
     :param quantization: e.g. ``fp8``, ``awq``, ``gptq``; default: none / from the checkpoint.
     :param download_dir: where model weights are cached (mount a volume here).
     :param engine_kwargs: any further ``vllm.LLM`` arguments (``seed``, ``enforce_eager``,
         ``runner="pooling"`` for embedding models...). They win over the arguments above.
+    :param kubernetes_shm_size: size of the memory-backed ``/dev/shm`` the task's pod mounts under
+        KubernetesExecutor (None: mount none). ``executor_config={"pod_override": ...}`` wins over
+        the pod this operator asks for, field by field.
     :param queue: Celery queue; ``gpu`` by default so only GPU workers pick it up.
     """
 
@@ -72,7 +120,7 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         *,
         chunk: ChunkDescriptor | dict[str, Any],
         model: str | None = None,
-        max_num_seqs: int = 256,
+        max_num_seqs: int | None = None,
         gpu_memory_utilization: float = 0.90,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
@@ -80,12 +128,20 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         quantization: str | None = None,
         download_dir: str | None = None,
         engine_kwargs: Mapping[str, Any] | None = None,
+        kubernetes_shm_size: str | None = DEFAULT_SHM_SIZE,
         output_dir: str | None = None,
         overwrite: bool = False,
         queue: str = GPU_QUEUE,
         map_index_template: str | None = CHUNK_LABEL_TEMPLATE,
         **kwargs: Any,
     ) -> None:
+        _check_range("tensor_parallel_size", tensor_parallel_size, 1, integer=True)
+        kwargs["executor_config"] = gpu_executor_config(
+            kwargs.get("executor_config"),
+            tensor_parallel_size=tensor_parallel_size,
+            shm_size=kubernetes_shm_size,
+            executor=kwargs.get("executor"),
+        )
         super().__init__(
             chunk=chunk,
             model=model,
@@ -95,9 +151,9 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
             map_index_template=map_index_template,
             **kwargs,
         )
-        _check_range("max_num_seqs", max_num_seqs, 1, integer=True)
+        if max_num_seqs is not None:
+            _check_range("max_num_seqs", max_num_seqs, 1, integer=True)
         _check_range("gpu_memory_utilization", gpu_memory_utilization, 0.01, 1.0)
-        _check_range("tensor_parallel_size", tensor_parallel_size, 1, integer=True)
         if max_model_len is not None:
             _check_range("max_model_len", max_model_len, 1, integer=True)
         self.max_num_seqs = max_num_seqs
@@ -108,17 +164,32 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         self.quantization = quantization
         self.download_dir = download_dir
         self.engine_kwargs = dict(engine_kwargs or {})
+        self.kubernetes_shm_size = kubernetes_shm_size
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:
+        """Map the operator like any other; the GPU pod of KubernetesExecutor goes into the partial arguments.
+
+        A mapped task's ``executor_config`` is read from ``.partial()``'s arguments (``__init__``
+        only runs on the worker, after the pod exists), so it is added here too.
+        """
+        kwargs["executor_config"] = gpu_executor_config(
+            kwargs.get("executor_config"),
+            tensor_parallel_size=kwargs.get("tensor_parallel_size", 1),
+            shm_size=kwargs.get("kubernetes_shm_size", DEFAULT_SHM_SIZE),
+            executor=kwargs.get("executor"),
+        )
+        return super().partial(**kwargs)
 
     def engine_args(self, model: str) -> dict[str, Any]:
         """Return the keyword arguments for ``vllm.LLM`` (None-valued options left to vLLM)."""
         args: dict[str, Any] = {
             "model": model,
-            "max_num_seqs": self.max_num_seqs,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "tensor_parallel_size": self.tensor_parallel_size,
             "dtype": self.dtype,
         }
-        for name in ("max_model_len", "quantization", "download_dir"):
+        for name in ("max_num_seqs", "max_model_len", "quantization", "download_dir"):
             if getattr(self, name) is not None:
                 args[name] = getattr(self, name)
         args.update(self.engine_kwargs)
@@ -128,92 +199,105 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         self, chunk: ChunkDescriptor, model: str, write: Callable[[bytes], Any]
     ) -> tuple[ResultCounts, dict[str, Any]]:
         """Load the model, answer the whole chunk in one engine call, write one line per request."""
-        fingerprint = chunk["fingerprint"]
         requests = list(iter_requests(chunk))
-        custom_ids = [r.custom_id for r in requests]
-        request_ids = [request_id(fingerprint, r.index) for r in requests]
-        counts = ResultCounts()
-
-        def fail(index: int, message: str) -> None:
-            write(
-                error_line(
-                    custom_ids[index],
-                    fingerprint=fingerprint,
-                    req_id=request_ids[index],
-                    message=message,
-                    status_code=400,
-                    code="invalid_request_error",
-                )
-                + b"\n"
-            )
-            counts.add(False)
-
+        out = _ChunkOutput(chunk, requests, write)
         endpoint = chunk["endpoint"]
         batch: list[tuple[int, Mapping[str, Any]]] = []
         for r in requests:
             if r.url != endpoint:
-                fail(r.index, f"url {r.url!r} differs from the chunk's endpoint {endpoint!r}")
+                message = f"url {r.url!r} differs from the chunk's endpoint {endpoint!r}; rebuild the chunk"
+                out.add(Answer(r.index, error=message))
             else:
                 batch.append((r.index, r.body))
+        engine, load_seconds = self._load(chunk, model)
+        try:
+            started = time.monotonic()
+            for answer in self._answers(engine, chunk, batch, model, out.request_ids):
+                out.add(answer)
+            seconds = max(time.monotonic() - started, 1e-9)
+        finally:
+            self._shutdown(chunk, engine)
+        if out.failures:
+            self.log.warning(
+                "%s: %d of %d requests are error lines (%s); the chunk's other rows succeeded",
+                chunk["label"],
+                out.counts.failed,
+                out.counts.total,
+                dict(out.failures),
+            )
+        return out.counts, self._stats(model, engine, out, load_seconds, seconds)
 
-        args = self.engine_args(model)
+    def _load(self, chunk: ChunkDescriptor, model: str) -> tuple[vllm_engine.VLLMEngine, float]:
         self.log.info(
             "%s: loading %s with vLLM (tensor_parallel_size=%s, gpu_memory_utilization=%s, max_num_seqs=%s)",
             chunk["label"],
             model,
             self.tensor_parallel_size,
             self.gpu_memory_utilization,
-            self.max_num_seqs,
+            self.max_num_seqs if self.max_num_seqs is not None else "vLLM's default",
         )
-        load_started = time.monotonic()
-        engine = vllm_engine.create_engine(**args)  # the only place vllm is imported
-        load_seconds = time.monotonic() - load_started
-        self.log.info("%s: model loaded in %.1f s (vLLM %s)", chunk["label"], load_seconds, engine.version)
+        started = time.monotonic()
+        engine = vllm_engine.create_engine(**self.engine_args(model))  # the only place vllm is imported
+        seconds = time.monotonic() - started
+        self.log.info("%s: model loaded in %.1f s (vLLM %s)", chunk["label"], seconds, engine.version)
+        if engine.sampling_defaults:
+            self.log.info(
+                "%s: the model's generation_config fills unset sampling keys: %s",
+                chunk["label"],
+                engine.sampling_defaults,
+            )
+        return engine, seconds
+
+    def _answers(
+        self,
+        engine: vllm_engine.VLLMEngine,
+        chunk: ChunkDescriptor,
+        batch: list[tuple[int, Mapping[str, Any]]],
+        model: str,
+        request_ids: list[str],
+    ) -> Iterator[Answer]:
+        if chunk["endpoint"] == "/v1/embeddings":
+            return run_embed(engine, batch, model=model)
 
         def ignored(keys: list[str]) -> None:
             self.log.info("%s: request keys without a vLLM sampling parameter, ignored: %s", chunk["label"], keys)
 
-        started = time.monotonic()
-        if endpoint == "/v1/embeddings":
-            answers = vllm_engine.run_embed(engine, batch, model=model)
+        return run_chat(engine, batch, model=model, request_ids=request_ids, on_ignored=ignored)
+
+    def _shutdown(self, chunk: ChunkDescriptor, engine: vllm_engine.VLLMEngine) -> None:
+        # A failed shutdown must not hide the task's own error nor fail a chunk whose output is written.
+        try:
+            vllm_engine.shutdown_engine(engine)
+        except Exception:
+            self.log.exception("%s: shutting the vLLM engine down failed; GPU memory may stay taken", chunk["label"])
         else:
-            answers = vllm_engine.run_chat(engine, batch, model=model, request_ids=request_ids, on_ignored=ignored)
-        input_tokens = output_tokens = 0
-        for answer in answers:
-            if answer.body is None:
-                fail(answer.index, answer.error or "the engine returned no answer")
-                continue
-            write(
-                success_line(
-                    custom_ids[answer.index], answer.body, fingerprint=fingerprint, req_id=request_ids[answer.index]
-                )
-                + b"\n"
-            )
-            counts.add(True)
-            input_tokens += answer.input_tokens
-            output_tokens += answer.output_tokens
-        seconds = max(time.monotonic() - started, 1e-9)
-        stats = {
+            self.log.info("%s: vLLM engine shut down, GPU memory released", chunk["label"])
+
+    def _stats(
+        self, model: str, engine: vllm_engine.VLLMEngine, out: _ChunkOutput, load_seconds: float, seconds: float
+    ) -> dict[str, Any]:
+        counts = out.counts
+        return {
             "backend": "vllm",
             "model": model,
             "requests": counts.total,
             "succeeded": counts.succeeded,
             "failed": counts.failed,
-            "input_tokens": input_tokens,
-            "output_tokens": output_tokens,
+            "failures": dict(sorted(out.failures.items())),
+            "input_tokens": out.input_tokens,
+            "output_tokens": out.output_tokens,
             "load_seconds": round(load_seconds, 3),
             "generate_seconds": round(seconds, 3),
             "prompts_per_s": round(counts.succeeded / seconds, 2),
-            "output_tokens_per_s": round(output_tokens / seconds, 2),
-            "tokens_per_s": round((input_tokens + output_tokens) / seconds, 2),
+            "output_tokens_per_s": round(out.output_tokens / seconds, 2),
+            "tokens_per_s": round((out.input_tokens + out.output_tokens) / seconds, 2),
             "vllm_version": engine.version,
             "gpu": {
                 "gpu_memory_utilization": self.gpu_memory_utilization,
                 "tensor_parallel_size": self.tensor_parallel_size,
-                "max_num_seqs": self.max_num_seqs,
-                "max_model_len": self.max_model_len,
+                "max_num_seqs": engine.max_num_seqs if engine.max_num_seqs is not None else self.max_num_seqs,
+                "max_model_len": engine.max_model_len or self.max_model_len,
                 "dtype": self.dtype,
                 "quantization": self.quantization,
             },
         }
-        return counts, stats

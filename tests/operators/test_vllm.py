@@ -1,17 +1,15 @@
-"""vLLMGenerateOperator end to end with a stand-in engine, and the vLLM factory's version detection.
+"""vLLMGenerateOperator end to end with a stand-in model over vLLM's real classes.
 
-No GPU and no vllm wheel are available here (vllm pins torch + CUDA), so every test that runs
-the operator substitutes ``airflow_batch_provider.hooks.vllm_engine.create_engine`` with a stand-in
-whose ``LLM.chat`` / ``LLM.embed`` / ``SamplingParams`` have vLLM's call signatures and return
-objects shaped like vLLM's ``RequestOutput`` / ``EmbeddingRequestOutput``. Each test says so.
+No GPU here, so vLLM cannot load a model: every test that runs the operator replaces
+``airflow_batch_provider.hooks.vllm_engine.create_engine`` with :class:`tests.vllm_stand_in.StandInFactory`,
+a stand-in ``vllm.LLM`` that takes vLLM's real ``SamplingParams`` / ``StructuredOutputsParams``
+(validated by vLLM itself) and answers with vLLM's real output classes. Each test says so.
 """
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import types
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,191 +22,21 @@ from airflow_batch_provider.exceptions import BatchProviderError, InvalidInputEr
 from airflow_batch_provider.hooks import vllm_engine
 from airflow_batch_provider.hooks.local_results import VLLMResultsHook, meta_path
 from airflow_batch_provider.hooks.registry import get_batch_hook, hook_class_for
-from airflow_batch_provider.hooks.vllm_engine import (
-    INSTALL_HINT,
-    EngineUnavailableError,
-    UnsupportedRequestError,
-    VLLMEngine,
-    sampling_kwargs,
-)
+from airflow_batch_provider.hooks.vllm_engine import INSTALL_HINT, EngineUnavailableError, VLLMClasses
+from airflow_batch_provider.hooks.vllm_requests import RowRejected, sampling_kwargs
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
 from airflow_batch_provider.operators.vllm import vLLMGenerateOperator
 from airflow_batch_provider.status import BatchState, BatchStatus
 from tests.support import InMemoryTaskStateStore, chat_line, make_context, write_chunk
+from tests.vllm_stand_in import LABELS, StandInFactory, StandInLLM, real_classes, stand_in_label
 
-LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
-
-# --------------------------------------------------------------------------- the stand-in engine
-
-
-class StandInSamplingParams:
-    """vLLM's ``SamplingParams`` keyword surface (the subset the operator may set); unknown keys fail."""
-
-    FIELDS = frozenset(
-        {
-            "n",
-            "temperature",
-            "top_p",
-            "top_k",
-            "min_p",
-            "seed",
-            "stop",
-            "stop_token_ids",
-            "max_tokens",
-            "min_tokens",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
-            "ignore_eos",
-            "structured_outputs",
-            "guided_decoding",
-        }
-    )
-
-    def __init__(self, **kwargs: Any) -> None:
-        unknown = set(kwargs) - self.FIELDS
-        if unknown:
-            raise TypeError(f"SamplingParams got unexpected keyword arguments {sorted(unknown)}")
-        self.kwargs = kwargs
-
-
-@dataclass
-class StandInStructuredOutputsParams:
-    """vLLM's ``StructuredOutputsParams`` (``GuidedDecodingParams`` before 0.12): one constraint kind."""
-
-    json: Any = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-
-
-@dataclass
-class StandInCompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    stop_reason: Any = None
-
-
-@dataclass
-class StandInRequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int]
-    outputs: list[StandInCompletionOutput]
-    finished: bool = True
-
-
-@dataclass
-class StandInEmbeddingOutput:
-    embedding: list[float]
-
-
-@dataclass
-class StandInEmbeddingRequestOutput:
-    request_id: str
-    outputs: StandInEmbeddingOutput
-    prompt_token_ids: list[int]
-    finished: bool = True
-
-
-def _tokens(text: str) -> list[int]:
-    return [len(word) for word in text.split()] or [0]
-
-
-def stand_in_label(messages: list[dict[str, Any]]) -> str:
-    """The stand-in model's deterministic answer for a conversation."""
-    digest = hashlib.sha256(orjson.dumps(messages)).digest()
-    return LABELS[digest[0] % len(LABELS)]
-
-
-@dataclass
-class StandInLLM:
-    """``vllm.LLM``'s constructor, ``chat`` and ``embed`` signatures, answering deterministically."""
-
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    chat_calls: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
-    embed_calls: list[list[Any]] = field(default_factory=list)
-
-    def chat(
-        self,
-        messages: Any,
-        sampling_params: Any = None,
-        use_tqdm: bool = True,
-        lora_request: Any = None,
-        chat_template: str | None = None,
-        chat_template_content_format: str = "auto",
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        tools: Any = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
-        mm_processor_kwargs: dict[str, Any] | None = None,
-    ) -> list[StandInRequestOutput]:
-        assert isinstance(sampling_params, list) and len(sampling_params) == len(messages)
-        self.chat_calls.append((messages, sampling_params))
-        outputs = []
-        for i, (conversation, params) in enumerate(zip(messages, sampling_params)):
-            structured = params.kwargs.get("structured_outputs") or params.kwargs.get("guided_decoding")
-            text = stand_in_label(conversation)
-            if structured is not None and structured.json is not None:
-                text = orjson.dumps({"label": text}).decode()
-            token_ids = _tokens(text)
-            limit = params.kwargs.get("max_tokens")
-            finish = "stop"
-            if limit is not None and len(token_ids) > limit:
-                token_ids, finish = token_ids[:limit], "length"
-            prompt = "\n".join(m["content"] for m in conversation)
-            outputs.append(
-                StandInRequestOutput(
-                    request_id=str(i),
-                    prompt=prompt,
-                    prompt_token_ids=_tokens(prompt),
-                    outputs=[StandInCompletionOutput(0, text, token_ids, finish)],
-                )
-            )
-        return outputs
-
-    def embed(
-        self,
-        prompts: Any,
-        *,
-        truncate_prompt_tokens: int | None = None,
-        use_tqdm: bool = True,
-        pooling_params: Any = None,
-        lora_request: Any = None,
-    ) -> list[StandInEmbeddingRequestOutput]:
-        self.embed_calls.append(list(prompts))
-        outputs = []
-        for i, prompt in enumerate(prompts):
-            text = prompt if isinstance(prompt, str) else orjson.dumps(prompt).decode()
-            digest = hashlib.sha256(text.encode()).digest()
-            vector = [b / 255.0 for b in digest[:8]]
-            outputs.append(StandInEmbeddingRequestOutput(str(i), StandInEmbeddingOutput(vector), _tokens(text)))
-        return outputs
-
-
-class StandInFactory:
-    """Replaces ``vllm_engine.create_engine``: records each model load and returns a stand-in engine."""
-
-    def __init__(self, structured: tuple[str, Any] | None = ("structured_outputs", StandInStructuredOutputsParams)):
-        self.structured = structured
-        self.loads: list[dict[str, Any]] = []
-        self.llm: StandInLLM | None = None
-
-    def __call__(self, **engine_args: Any) -> VLLMEngine:
-        self.loads.append(engine_args)
-        self.llm = StandInLLM(engine_args=engine_args)
-        return VLLMEngine(
-            llm=self.llm, sampling_params=StandInSamplingParams, structured_outputs=self.structured, version="stand-in"
-        )
+pytestmark = pytest.mark.vllm_classes
 
 
 @pytest.fixture
 def engine(monkeypatch: pytest.MonkeyPatch) -> StandInFactory:
-    """The stand-in engine factory, installed in place of the real one (no GPU or vllm here)."""
+    """The stand-in model over vLLM's real classes, installed in place of the real factory (no GPU here)."""
     factory = StandInFactory()
     monkeypatch.setattr(vllm_engine, "create_engine", factory)
     return factory
@@ -256,7 +84,6 @@ def test_whole_chunk_goes_to_one_chat_call_and_comes_back_in_openai_batch_format
     assert len(engine.loads) == 1
     assert engine.loads[0] == {
         "model": "Qwen/Qwen2.5-1.5B-Instruct",
-        "max_num_seqs": 256,
         "gpu_memory_utilization": 0.90,
         "tensor_parallel_size": 1,
         "dtype": "auto",
@@ -266,7 +93,8 @@ def test_whole_chunk_goes_to_one_chat_call_and_comes_back_in_openai_batch_format
     assert engine.llm is not None and len(engine.llm.chat_calls) == 1
     conversations, params = engine.llm.chat_calls[0]
     assert conversations == [line["body"]["messages"] for line in lines]
-    assert all(p.kwargs == {"n": 1, "temperature": 0, "max_tokens": 5} for p in params)
+    assert all(type(p).__module__ == "vllm.sampling_params" for p in params)  # vLLM's own class
+    assert all((p.n, p.temperature, p.max_tokens, p.structured_outputs) == (1, 0, 5, None) for p in params)
 
     out = _output_lines(result)
     assert [o["custom_id"] for o in out] == [line["custom_id"] for line in lines]
@@ -292,7 +120,8 @@ def test_whole_chunk_goes_to_one_chat_call_and_comes_back_in_openai_batch_format
     gen = result["generation"]
     assert gen["prompts_per_s"] > 0 and gen["tokens_per_s"] > 0 and gen["output_tokens_per_s"] > 0
     assert gen["gpu"]["gpu_memory_utilization"] == 0.90 and gen["gpu"]["tensor_parallel_size"] == 1
-    assert gen["gpu"]["max_num_seqs"] == 256 and gen["reused"] is False
+    # max_num_seqs was left to vLLM: the value reported is the one the engine chose.
+    assert gen["gpu"]["max_num_seqs"] == 1024 and gen["reused"] is False
     orjson.dumps(result)  # XCom-safe
 
 
@@ -384,7 +213,7 @@ def test_request_params_map_to_sampling_params(body, expected, structured):
     ids=["n_2", "tools", "max_tokens_0", "unknown_format", "schema_missing"],
 )
 def test_unmappable_requests_are_rejected(body, message):
-    with pytest.raises(UnsupportedRequestError, match=message):
+    with pytest.raises(RowRejected, match=message):
         sampling_kwargs({"model": "m", "messages": [], **body})
 
 
@@ -405,7 +234,9 @@ def test_structured_output_uses_guided_decoding_and_bad_rows_become_error_lines(
 
     _, params = engine.llm.chat_calls[0]  # type: ignore[union-attr]
     assert len(params) == 3
-    assert all(p.kwargs["structured_outputs"] == StandInStructuredOutputsParams(json=schema) for p in params)
+    from vllm.sampling_params import StructuredOutputsParams
+
+    assert all(p.structured_outputs == StructuredOutputsParams(json=schema) for p in params)
     by_id = {o["custom_id"]: o for o in _output_lines(result)}
     bad = by_id["p-002"]["response"]
     assert bad["status_code"] == 400 and "'n' must be 1" in bad["body"]["error"]["message"]
@@ -418,19 +249,38 @@ def test_structured_output_uses_guided_decoding_and_bad_rows_become_error_lines(
     assert summary["statuses"] == {"errored": 1, "succeeded": 3}
 
 
+class LegacySamplingParams:
+    """vLLM 0.10.x's ``SamplingParams`` keyword for structured output (``guided_decoding``); 0.33 has no such field."""
+
+    def __init__(self, *, guided_decoding: Any = None, **kwargs: Any) -> None:
+        from vllm.sampling_params import SamplingParams
+
+        self.guided_decoding = guided_decoding
+        self.real = SamplingParams(**kwargs)  # every other field still validated by vLLM
+        self.max_tokens = self.real.max_tokens
+
+
 def test_legacy_guided_decoding_and_no_structured_support(monkeypatch, tmp_path):
-    """Stand-in engines (no GPU/vllm here): vLLM < 0.12 takes ``guided_decoding``; without either, rows error."""
+    """Stand-in model (no GPU here): vLLM 0.10.x takes ``guided_decoding``; without either, rows error."""
+    from vllm.sampling_params import StructuredOutputsParams
+
     rows = _rows(2)
     fmt = {"type": "json_object"}
     lines = [chat_line(r["custom_id"], r["text"], model="m", response_format=fmt) for r in rows]
     chunk = write_chunk(tmp_path, rows, lines=lines, model="m")
-    legacy = StandInFactory(structured=("guided_decoding", StandInStructuredOutputsParams))
+    classes = real_classes()
+    legacy_classes = VLLMClasses(
+        sampling_params=LegacySamplingParams,
+        structured_outputs=("guided_decoding", StructuredOutputsParams),
+        client_errors=classes.client_errors,
+    )
+    legacy = StandInFactory(legacy_classes)
     monkeypatch.setattr(vllm_engine, "create_engine", legacy)
     _op(chunk).execute(make_context())
     _, params = legacy.llm.chat_calls[0]  # type: ignore[union-attr]
-    assert params[0].kwargs["guided_decoding"] == StandInStructuredOutputsParams(json_object=True)
+    assert params[0].guided_decoding == StructuredOutputsParams(json_object=True)
 
-    bare = StandInFactory(structured=None)
+    bare = StandInFactory(VLLMClasses(sampling_params=classes.sampling_params, structured_outputs=None))
     monkeypatch.setattr(vllm_engine, "create_engine", bare)
     result = _op(chunk, overwrite=True).execute(make_context())
     assert bare.llm is not None and bare.llm.chat_calls == []
@@ -474,40 +324,45 @@ def test_without_vllm_the_task_fails_with_the_install_hint(monkeypatch, tmp_path
     assert not (tmp_path / "chunks" / "results" / "chunk-00000.output.jsonl").exists()
 
 
+class _Recorded:
+    """A class the fake ``vllm.sampling_params`` module offers; only its identity matters here."""
+
+
 def _fake_vllm(monkeypatch: pytest.MonkeyPatch, **sampling_module_attrs: Any) -> None:
-    """Install a stand-in ``vllm`` package (no vllm wheel here) with vLLM's import layout."""
+    """Install a stand-in ``vllm`` package with vLLM's import layout (to test the loader's version detection)."""
     package = types.ModuleType("vllm")
     package.__version__ = "0.0-stand-in"  # type: ignore[attr-defined]
     package.LLM = lambda **kwargs: StandInLLM(engine_args=kwargs)  # type: ignore[attr-defined]
-    package.SamplingParams = StandInSamplingParams  # type: ignore[attr-defined]
     module = types.ModuleType("vllm.sampling_params")
+    module.SamplingParams = _Recorded  # type: ignore[attr-defined]
     for name, value in sampling_module_attrs.items():
         setattr(module, name, value)
     package.sampling_params = module  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "vllm", package)
     monkeypatch.setitem(sys.modules, "vllm.sampling_params", module)
+    for name in ("vllm.exceptions", "vllm.v1.engine.exceptions", "vllm.distributed.parallel_state"):
+        monkeypatch.setitem(sys.modules, name, None)
 
 
 @pytest.mark.parametrize(
     ("attrs", "keyword"),
     [
-        ({"StructuredOutputsParams": StandInStructuredOutputsParams}, "structured_outputs"),
-        (
-            {"StructuredOutputsParams": StandInStructuredOutputsParams, "GuidedDecodingParams": object},
-            "structured_outputs",
-        ),
-        ({"GuidedDecodingParams": StandInStructuredOutputsParams}, "guided_decoding"),
+        ({"StructuredOutputsParams": dict}, "structured_outputs"),
+        ({"StructuredOutputsParams": dict, "GuidedDecodingParams": object}, "structured_outputs"),
+        ({"GuidedDecodingParams": dict}, "guided_decoding"),
         ({}, None),
     ],
     ids=["current", "both_prefers_current", "legacy", "none"],
 )
 def test_factory_detects_the_structured_output_api(monkeypatch, attrs, keyword):
-    """The real factory over a stand-in ``vllm`` module (no vllm here): it picks the class this version has."""
+    """The real factory over a stand-in ``vllm`` package (no GPU here): it picks the class this version has."""
     _fake_vllm(monkeypatch, **attrs)
     engine = vllm_engine.create_engine(model="m", max_num_seqs=8)
     assert engine.llm.engine_args == {"model": "m", "max_num_seqs": 8}
-    assert engine.sampling_params is StandInSamplingParams and engine.version == "0.0-stand-in"
-    assert (engine.structured_outputs[0] if engine.structured_outputs else None) == keyword
+    assert engine.classes.sampling_params is _Recorded and engine.version == "0.0-stand-in"
+    assert (engine.classes.structured_outputs[0] if engine.classes.structured_outputs else None) == keyword
+    # Without vllm.exceptions (0.10.x) request errors are ValueError/TypeError, and nothing is fatal.
+    assert engine.classes.client_errors == (ValueError, TypeError) and engine.classes.fatal_errors == ()
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,94 @@
+"""The Kubernetes pod a vLLMGenerateOperator task asks for when KubernetesExecutor runs it.
+
+KubernetesExecutor starts one pod per task instance from its pod template, merged with the task's
+``executor_config["pod_override"]`` (a ``kubernetes.client.models.V1Pod``; the provider merges
+``[template pod, executor's own pod, pod_override]`` with ``PodGenerator.reconcile_pods``, the
+container named ``base`` being the task's). vLLM needs two things the template rarely has:
+
+- ``nvidia.com/gpu`` = ``tensor_parallel_size`` in the ``base`` container's limits (the scheduler
+  places the pod on a node with that many free GPUs, the device plugin exposes exactly those);
+- shared memory for vLLM's worker processes: a ``Memory`` ``emptyDir`` mounted at ``/dev/shm``
+  (a container's default 64 MiB /dev/shm is too small for NCCL and vLLM's shared-memory buffers).
+
+:func:`gpu_executor_config` adds both under the user's own ``pod_override``, which wins field by
+field (same merge as the executor's). Nothing happens under other executors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+DEFAULT_SHM_SIZE = "16Gi"
+GPU_RESOURCE = "nvidia.com/gpu"
+SHM_VOLUME = "vllm-dshm"
+
+
+def _configured_executors() -> list[str]:
+    """Return the ``[core] executor`` entries, e.g. ``["CeleryExecutor", "k8s:my.pkg.KubernetesExecutor"]``."""
+    from airflow.configuration import conf
+
+    value = conf.get("core", "executor", fallback="") or ""
+    # Multi-team syntax puts team sections after ';'; the global executors come first.
+    global_part = value.split(";")[0]
+    return [entry.strip() for entry in global_part.split(",") if entry.strip() and "=" not in entry]
+
+
+def runs_on_kubernetes(executor: str | None) -> bool:
+    """Return True when a task with this ``executor`` argument (None: the default) runs on KubernetesExecutor."""
+    entries = _configured_executors()
+    chosen: str | None = entries[0] if entries else None
+    if executor:
+        chosen = executor
+        for entry in entries:
+            alias, _, path = entry.rpartition(":")
+            if executor in (alias, path, path.rsplit(".", 1)[-1]):
+                chosen = path
+                break
+    return bool(chosen) and str(chosen).rsplit(":", 1)[-1].rsplit(".", 1)[-1] == "KubernetesExecutor"
+
+
+def gpu_pod_override(tensor_parallel_size: int, shm_size: str | None = DEFAULT_SHM_SIZE) -> Any:
+    """Return the ``V1Pod`` asking for ``tensor_parallel_size`` GPUs and a memory-backed ``/dev/shm``."""
+    from kubernetes.client import models as k8s
+
+    gpus = str(tensor_parallel_size)
+    container = k8s.V1Container(
+        name="base",
+        resources=k8s.V1ResourceRequirements(limits={GPU_RESOURCE: gpus}, requests={GPU_RESOURCE: gpus}),
+    )
+    volumes = None
+    if shm_size is not None:
+        container.volume_mounts = [k8s.V1VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")]
+        volumes = [
+            k8s.V1Volume(name=SHM_VOLUME, empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size))
+        ]
+    return k8s.V1Pod(spec=k8s.V1PodSpec(containers=[container], volumes=volumes))
+
+
+def gpu_executor_config(
+    executor_config: Mapping[str, Any] | None,
+    *,
+    tensor_parallel_size: int,
+    shm_size: str | None = DEFAULT_SHM_SIZE,
+    executor: str | None = None,
+) -> dict[str, Any]:
+    """Return ``executor_config`` with the GPU pod under the user's ``pod_override`` (KubernetesExecutor only).
+
+    Under any other executor ``executor_config`` is returned unchanged.
+    """
+    config = dict(executor_config or {})
+    if not runs_on_kubernetes(executor):
+        return config
+    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+
+    theirs = config.get("pod_override")
+    # Two volumes mounted at /dev/shm make an invalid pod: the user's own one wins whole.
+    ours = gpu_pod_override(tensor_parallel_size, None if _mounts_dev_shm(theirs) else shm_size)
+    config["pod_override"] = PodGenerator.reconcile_pods(ours, theirs)
+    return config
+
+
+def _mounts_dev_shm(pod: Any) -> bool:
+    containers = (pod.spec.containers or []) if pod is not None and pod.spec is not None else []
+    return any(m.mount_path == "/dev/shm" for c in containers for m in (c.volume_mounts or []))
