@@ -164,9 +164,7 @@ class StandInLLM:
             if any(marker in text for marker in self.embedding_errors):
                 # What EmbeddingRequestOutput.from_base makes of a failed pooling request.
                 error, vector = RequestError(code="pooling_error", message="pooler failed", retryable=True), []
-            outputs.append(
-                EmbeddingRequestOutput(str(i), EmbeddingOutput(vector), words(text), 0, True, error=error)
-            )
+            outputs.append(EmbeddingRequestOutput(str(i), EmbeddingOutput(vector), words(text), 0, True, error=error))
         return outputs
 
 

@@ -11,11 +11,13 @@ container named ``base`` being the task's). vLLM needs two things the template r
   (a container's default 64 MiB /dev/shm is too small for NCCL and vLLM's shared-memory buffers).
 
 :func:`gpu_executor_config` adds both under the user's own ``pod_override``, which wins field by
-field (same merge as the executor's). Nothing happens under other executors.
+field (same merge as the executor's; resource limits and requests key by key, since the
+executor's merge would otherwise replace them whole). Nothing happens under other executors.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -82,13 +84,49 @@ def gpu_executor_config(
         return config
     from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
 
-    theirs = config.get("pod_override")
+    theirs = copy.deepcopy(config.get("pod_override"))
     # Two volumes mounted at /dev/shm make an invalid pod: the user's own one wins whole.
     ours = gpu_pod_override(tensor_parallel_size, None if _mounts_dev_shm(theirs) else shm_size)
+    _fill_resources(ours, _worker_pod_template())
+    _fill_resources(theirs, ours)
     config["pod_override"] = PodGenerator.reconcile_pods(ours, theirs)
     return config
 
 
-def _mounts_dev_shm(pod: Any) -> bool:
+def _worker_pod_template() -> Any:
+    """Return the executor's worker pod template (``[kubernetes_executor] pod_template_file``), if readable here."""
+    import os
+
+    from airflow.configuration import conf
+    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+
+    path = conf.get("kubernetes_executor", "pod_template_file", fallback="") or ""
+    return PodGenerator.deserialize_model_file(path) if path and os.path.exists(path) else None
+
+
+def _base_container(pod: Any) -> Any:
     containers = (pod.spec.containers or []) if pod is not None and pod.spec is not None else []
-    return any(m.mount_path == "/dev/shm" for c in containers for m in (c.volume_mounts or []))
+    return next((c for c in containers if c.name == "base"), None)
+
+
+def _fill_resources(pod: Any, source: Any) -> None:
+    """Give ``pod``'s base container every resource limit/request of ``source``'s that it does not set.
+
+    KubernetesExecutor's merge replaces a container's ``resources`` whole: without this, asking for
+    GPUs would drop the template's memory limit, and a user's ``pod_override`` asking for memory
+    would drop the GPUs.
+    """
+    target, origin = _base_container(pod), _base_container(source)
+    if target is None or origin is None or origin.resources is None:
+        return
+    if target.resources is None:
+        target.resources = copy.deepcopy(origin.resources)
+        return
+    for name in ("limits", "requests"):
+        merged = {**(getattr(origin.resources, name) or {}), **(getattr(target.resources, name) or {})}
+        setattr(target.resources, name, merged or None)
+
+
+def _mounts_dev_shm(pod: Any) -> bool:
+    base = _base_container(pod)
+    return base is not None and any(m.mount_path == "/dev/shm" for m in (base.volume_mounts or []))

@@ -1,0 +1,174 @@
+"""The pod vLLMGenerateOperator asks KubernetesExecutor for: GPUs and a memory-backed /dev/shm.
+
+There is no Kubernetes cluster here. These tests render the pod the way KubernetesExecutor does
+(``PodGenerator.construct_pod`` from the installed cncf.kubernetes provider, merging the worker
+pod template, the executor's own pod and the task's ``executor_config["pod_override"]``) and check
+the ``kubernetes.client`` models it produces. Nothing here needs a GPU or vLLM.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+import yaml
+from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+from kubernetes.client import models as k8s
+
+from airflow_batch_provider.operators.vllm import vLLMGenerateOperator
+from airflow_batch_provider.operators.vllm_pod import runs_on_kubernetes
+
+TEMPLATE = k8s.V1Pod(  # what a worker pod_template_file typically holds
+    metadata=k8s.V1ObjectMeta(labels={"team": "data"}),
+    spec=k8s.V1PodSpec(
+        containers=[
+            k8s.V1Container(
+                name="base",
+                image="apache/airflow:3.3.2-python3.11",
+                resources=k8s.V1ResourceRequirements(limits={"memory": "32Gi"}, requests={"cpu": "4"}),
+                volume_mounts=[k8s.V1VolumeMount(name="logs", mount_path="/opt/airflow/logs")],
+            )
+        ],
+        volumes=[k8s.V1Volume(name="logs", empty_dir=k8s.V1EmptyDirVolumeSource())],
+    ),
+)
+
+
+@pytest.fixture
+def kubernetes_executor(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """KubernetesExecutor configured, with TEMPLATE as its worker pod template file."""
+    template = tmp_path / "pod_template.yaml"
+    template.write_text(yaml.safe_dump(PodGenerator.serialize_pod(TEMPLATE)))
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "KubernetesExecutor")
+    monkeypatch.setenv("AIRFLOW__KUBERNETES_EXECUTOR__POD_TEMPLATE_FILE", str(template))
+
+
+def _render(executor_config: dict[str, Any]) -> k8s.V1Pod:
+    """Build the task's pod as KubernetesExecutor does (no cluster: the pod object only)."""
+    return PodGenerator.construct_pod(
+        dag_id="d",
+        task_id="generate",
+        pod_id="generate-pod",
+        try_number=1,
+        kube_image="apache/airflow:3.3.2-python3.11",
+        date=datetime(2026, 1, 1),
+        args=["airflow", "tasks", "run"],
+        pod_override_object=PodGenerator.from_obj(executor_config),
+        base_worker_pod=TEMPLATE,
+        namespace="airflow",
+        scheduler_job_id="1",
+    )
+
+
+def _base(pod: k8s.V1Pod) -> k8s.V1Container:
+    (container,) = [c for c in pod.spec.containers if c.name == "base"]
+    return container
+
+
+def _shm(pod: k8s.V1Pod) -> tuple[list[k8s.V1VolumeMount], list[k8s.V1Volume]]:
+    mounts = [m for m in _base(pod).volume_mounts or [] if m.mount_path == "/dev/shm"]
+    names = {m.name for m in mounts}
+    return mounts, [v for v in pod.spec.volumes or [] if v.name in names]
+
+
+def test_the_pod_asks_for_tensor_parallel_size_gpus_and_shared_memory(kubernetes_executor):
+    """No cluster here: the rendered pod spec has the GPU limit and a Memory emptyDir on /dev/shm."""
+    op = vLLMGenerateOperator(task_id="generate", chunk={"label": "c"}, tensor_parallel_size=4)
+    pod = _render(op.executor_config)
+    base = _base(pod)
+    assert base.resources.limits == {"memory": "32Gi", "nvidia.com/gpu": "4"}  # the template's memory kept
+    assert base.resources.requests == {"cpu": "4", "nvidia.com/gpu": "4"}
+    assert base.image == "apache/airflow:3.3.2-python3.11" and base.args == ["airflow", "tasks", "run"]
+    mounts, volumes = _shm(pod)
+    assert len(mounts) == 1 and len(volumes) == 1
+    assert volumes[0].empty_dir.medium == "Memory" and volumes[0].empty_dir.size_limit == "16Gi"
+    assert {v.name for v in pod.spec.volumes} >= {"logs", volumes[0].name}
+    assert pod.metadata.labels["team"] == "data"
+
+
+def test_the_users_pod_override_wins(kubernetes_executor):
+    """No cluster here: a user's pod_override changes the GPU count, adds a toleration and brings its own shm."""
+    theirs = k8s.V1Pod(
+        spec=k8s.V1PodSpec(
+            containers=[
+                k8s.V1Container(
+                    name="base",
+                    resources=k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": "8"}),
+                    volume_mounts=[k8s.V1VolumeMount(name="my-shm", mount_path="/dev/shm")],
+                )
+            ],
+            volumes=[k8s.V1Volume(name="my-shm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory"))],
+            tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+            node_selector={"gpu": "h100"},
+        )
+    )
+    op = vLLMGenerateOperator(
+        task_id="generate", chunk={"label": "c"}, tensor_parallel_size=2, executor_config={"pod_override": theirs}
+    )
+    pod = _render(op.executor_config)
+    assert _base(pod).resources.limits == {"memory": "32Gi", "nvidia.com/gpu": "8"}
+    mounts, volumes = _shm(pod)
+    assert [m.name for m in mounts] == ["my-shm"] and [v.name for v in volumes] == ["my-shm"]
+    assert pod.spec.node_selector == {"gpu": "h100"} and pod.spec.tolerations[0].key == "nvidia.com/gpu"
+
+
+def test_a_pod_override_asking_for_memory_keeps_the_gpus(kubernetes_executor):
+    """No cluster here: the executor's merge replaces resources whole; the operator merges them key by key."""
+    theirs = k8s.V1Pod(
+        spec=k8s.V1PodSpec(
+            containers=[k8s.V1Container(name="base", resources=k8s.V1ResourceRequirements(limits={"memory": "96Gi"}))]
+        )
+    )
+    op = vLLMGenerateOperator(
+        task_id="generate", chunk={"label": "c"}, tensor_parallel_size=2, executor_config={"pod_override": theirs}
+    )
+    assert _base(_render(op.executor_config)).resources.limits == {"memory": "96Gi", "nvidia.com/gpu": "2"}
+    assert theirs.spec.containers[0].resources.limits == {"memory": "96Gi"}  # the user's object is not changed
+
+
+def test_shared_memory_size_is_configurable_or_off(kubernetes_executor):
+    """No cluster here: kubernetes_shm_size sets the emptyDir's sizeLimit; None mounts none."""
+    sized = vLLMGenerateOperator(task_id="a", chunk={"label": "c"}, kubernetes_shm_size="64Gi")
+    assert _shm(_render(sized.executor_config))[1][0].empty_dir.size_limit == "64Gi"
+    none = vLLMGenerateOperator(task_id="b", chunk={"label": "c"}, kubernetes_shm_size=None)
+    pod = _render(none.executor_config)
+    assert _shm(pod) == ([], []) and _base(pod).resources.limits["nvidia.com/gpu"] == "1"
+
+
+def test_mapped_tasks_carry_the_pod_in_their_partial_arguments(kubernetes_executor):
+    """No cluster here: a mapped task's executor_config comes from .partial(), so the pod must be there."""
+    from airflow.sdk import DAG
+
+    with DAG("t_vllm_k8s", schedule=None, start_date=datetime(2026, 1, 1)):
+        mapped = vLLMGenerateOperator.partial(task_id="gen", tensor_parallel_size=2).expand(chunk=[{"label": "c"}])
+    pod = _render(mapped.executor_config)
+    assert _base(pod).resources.limits["nvidia.com/gpu"] == "2"
+    assert len(_shm(pod)[1]) == 1
+
+
+def test_nothing_is_added_under_other_executors(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    assert vLLMGenerateOperator(task_id="a", chunk={"label": "c"}, tensor_parallel_size=2).executor_config == {}
+    # A task sent to the Kubernetes executor of a multi-executor setup gets the pod.
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor,KubernetesExecutor")
+    op = vLLMGenerateOperator(task_id="b", chunk={"label": "c"}, executor="KubernetesExecutor")
+    assert "pod_override" in op.executor_config
+
+
+@pytest.mark.parametrize(
+    ("configured", "executor", "expected"),
+    [
+        ("KubernetesExecutor", None, True),
+        ("airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor", None, True),
+        ("CeleryExecutor,KubernetesExecutor", None, False),
+        ("CeleryExecutor,KubernetesExecutor", "KubernetesExecutor", True),
+        ("CeleryExecutor,gpu:airflow.providers.cncf.kubernetes.executors.kubernetes_executor.KubernetesExecutor",
+         "gpu", True),
+        ("LocalExecutor", None, False),
+    ],
+    ids=["default", "module_path", "second_not_chosen", "chosen_by_name", "chosen_by_alias", "local"],
+)  # fmt: skip
+def test_which_executor_runs_the_task(monkeypatch, configured, executor, expected):
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", configured)
+    assert runs_on_kubernetes(executor) is expected
