@@ -76,6 +76,7 @@ class StandInLLM:
     runner_type: str = "generate"
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     finish_reasons: dict[str, str] = field(default_factory=dict)
+    faults_once: bool = False  # finish_reasons and embedding_errors hit the first call only
     embedding_errors: set[str] = field(default_factory=set)
     raise_on: dict[str, Exception] = field(default_factory=dict)
     chat_calls: list[tuple[list[Any], list[Any]]] = field(default_factory=list)
@@ -129,6 +130,8 @@ class StandInLLM:
         outputs = []
         for i, (conversation, params, prompt) in enumerate(zip(messages, sampling_params, texts)):
             answer, token_ids, finish = self._answer(conversation, params, prompt)
+            if self.faults_once and len(self.chat_calls) > 1 and finish in ("error", "abort"):
+                answer, token_ids, finish = stand_in_label(conversation), [1], "stop"
             completion = CompletionOutput(
                 index=0, text=answer, token_ids=token_ids, cumulative_logprob=None, logprobs=None, finish_reason=finish
             )
@@ -161,7 +164,8 @@ class StandInLLM:
         for i, text in enumerate(texts):
             error = None
             vector = [b / 255.0 for b in hashlib.sha256(text.encode()).digest()[:8]]
-            if any(marker in text for marker in self.embedding_errors):
+            failing = not (self.faults_once and len(self.embed_calls) > 1)
+            if failing and any(marker in text for marker in self.embedding_errors):
                 # What EmbeddingRequestOutput.from_base makes of a failed pooling request.
                 error, vector = RequestError(code="pooling_error", message="pooler failed", retryable=True), []
             outputs.append(EmbeddingRequestOutput(str(i), EmbeddingOutput(vector), words(text), 0, True, error=error))

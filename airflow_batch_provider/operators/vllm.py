@@ -198,7 +198,11 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
     def generate(
         self, chunk: ChunkDescriptor, model: str, write: Callable[[bytes], Any]
     ) -> tuple[ResultCounts, dict[str, Any]]:
-        """Load the model, answer the whole chunk in one engine call, write one line per request."""
+        """Load the model, answer the whole chunk in one engine call, write one line per request.
+
+        Rows that fail in a way that may pass on another try (5xx: finish reason ``error`` or ``abort``,
+        an errored embedding) are sent once more before the engine is shut down.
+        """
         requests = list(iter_requests(chunk))
         out = _ChunkOutput(chunk, requests, write)
         endpoint = chunk["endpoint"]
@@ -212,8 +216,18 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         engine, load_seconds = self._load(chunk, model)
         try:
             started = time.monotonic()
+            retry: list[tuple[int, Mapping[str, Any]]] = []
+            bodies = dict(batch)
             for answer in self._answers(engine, chunk, batch, model, out.request_ids):
-                out.add(answer)
+                if answer.body is None and answer.status_code >= 500:
+                    retry.append((answer.index, bodies[answer.index]))
+                else:
+                    out.add(answer)
+            if retry:
+                # A retryable failure (engine error, abort) gets one more try while the model is loaded.
+                self.log.info("%s: sending %d retryable failed requests once more", chunk["label"], len(retry))
+                for answer in self._answers(engine, chunk, retry, model, out.request_ids):
+                    out.add(answer)
             seconds = max(time.monotonic() - started, 1e-9)
         finally:
             self._shutdown(chunk, engine)

@@ -155,7 +155,7 @@ def test_engine_reported_error_and_abort_are_error_lines(monkeypatch, tmp_path):
     fmt = {"type": "json_schema", "json_schema": {"name": "l", "schema": schema}}
     bodies = [_chat("fine"), _chat("kv ERRORED"), _chat("ABORTED"), _chat("GRAMMAR", response_format=fmt)]
     finish = {"ERRORED": "error", "ABORTED": "abort", "GRAMMAR": "error"}
-    run, _ = _run(monkeypatch, tmp_path, bodies, finish_reasons=finish)
+    run, factory = _run(monkeypatch, tmp_path, bodies, finish_reasons=finish)
     lines = run["lines"]
     assert lines["r-0000"]["response"]["status_code"] == 200
     assert _error(lines["r-0001"])[:2] == (500, "server_error")  # retryable
@@ -163,6 +163,20 @@ def test_engine_reported_error_and_abort_are_error_lines(monkeypatch, tmp_path):
     status, code, message = _error(lines["r-0003"])  # a grammar that did not compile: final
     assert (status, code) == (400, "invalid_request_error") and "compile" in message
     assert run["result"]["state"]["counts"] == {"total": 4, "completed": 1, "failed": 3}
+    # The two retryable rows were sent once more while the model was loaded; the final one was not.
+    assert [len(c[0]) for c in factory.llm.chat_calls] == [4, 2]  # type: ignore[union-attr]
+
+
+def test_a_retryable_failure_that_passes_on_the_second_try_is_an_answer(monkeypatch, tmp_path):
+    """Stand-in model (no GPU here) whose error/abort outputs happen on the first call only."""
+    bodies = [_chat("fine"), _chat("kv ERRORED"), _chat("ABORTED")]
+    finish = {"ERRORED": "error", "ABORTED": "abort"}
+    run, _ = _run(monkeypatch, tmp_path, bodies, finish_reasons=finish, faults_once=True)
+    assert all(line["response"]["status_code"] == 200 for line in run["lines"].values())
+    bodies = [{"model": "m", "input": "POOLFAIL once"}]
+    run, _ = _run(monkeypatch, tmp_path / "e", bodies, endpoint="/v1/embeddings", runner_type="pooling",
+                  embedding_errors={"POOLFAIL"}, faults_once=True)  # fmt: skip
+    assert run["lines"]["r-0000"]["response"]["status_code"] == 200
 
 
 def test_an_errored_embedding_is_an_error_line(monkeypatch, tmp_path):
