@@ -172,3 +172,16 @@ def test_nothing_is_added_under_other_executors(monkeypatch):
 def test_which_executor_runs_the_task(monkeypatch, configured, executor, expected):
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", configured)
     assert runs_on_kubernetes(executor) is expected
+
+
+def test_the_pod_survives_dag_serialization(kubernetes_executor):
+    """No cluster here: what the scheduler stores (the serialized DAG) still holds both tasks' pods."""
+    from airflow.sdk import DAG
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    with DAG("t_vllm_k8s_serialized", schedule=None, start_date=datetime(2026, 1, 1)) as dag:
+        vLLMGenerateOperator(task_id="one", chunk={"label": "c"}, tensor_parallel_size=2)
+        vLLMGenerateOperator.partial(task_id="gen", tensor_parallel_size=4).expand(chunk=[{"label": "c"}])
+    restored = DagSerialization.from_dict(DagSerialization.to_dict(dag))
+    gpus = {t.task_id: _base(_render(t.executor_config)).resources.limits["nvidia.com/gpu"] for t in restored.tasks}
+    assert gpus == {"one": "2", "gen": "4"}
