@@ -225,3 +225,28 @@ def test_max_num_seqs_none_leaves_vllms_default(monkeypatch, tmp_path):
     vLLMGenerateOperator(task_id="a", chunk=chunk).execute(make_context())
     vLLMGenerateOperator(task_id="b", chunk=chunk, max_num_seqs=64, overwrite=True).execute(make_context())
     assert "max_num_seqs" not in factory.loads[0] and factory.loads[1]["max_num_seqs"] == 64
+
+
+def test_shutdown_prefers_llm_shutdown_where_vllm_has_it():
+    """A stand-in LLM with a ``shutdown()`` method (what newer vLLM may add): it is called, not the engine core."""
+    calls: list[str] = []
+
+    class WithShutdown:
+        llm_engine = None
+
+        def shutdown(self) -> None:
+            calls.append("LLM.shutdown")
+
+    engine = vllm_engine.VLLMEngine(
+        llm=WithShutdown(), classes=StandInFactory().classes, cleanup=lambda: calls.append("cleanup")
+    )
+    vllm_engine.shutdown_engine(engine)
+    vllm_engine.shutdown_engine(engine)  # a second call (e.g. from a finally) is harmless
+    assert calls == ["LLM.shutdown", "cleanup"] and engine.llm is None
+
+
+def test_the_real_cleanup_runs_vllms_teardown_up_to_the_gpu_cache():
+    """vLLM's real ``cleanup_dist_env_and_memory`` on this CPU machine (vLLM's CUDA wheel, no GPU): it tears
+    down vLLM's process groups, then stops at emptying the CUDA cache, the one step that needs a GPU."""
+    with pytest.raises(RuntimeError, match="accelerator"):
+        vllm_engine._release_gpu_memory()
