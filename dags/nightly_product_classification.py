@@ -10,7 +10,9 @@ checkpoints and merged schema stay the same.
 
 Run it offline against the bundled emulator with ``make demo`` (``make demo BACKEND=anthropic``),
 or against the real APIs by pointing the ``openai_batch_default`` / ``anthropic_batch_default``
-connection at them (see README). Every Param can be overridden with
+connection at them (see README). Unpausing starts a scheduled run of the default 100 rows at once
+(``catchup=False``: the latest day), then one a day; larger jobs run only when triggered with a
+larger ``rows``. Every Param can be overridden with
 ``airflow dags test nightly_product_classification -c '{"rows": 5000, "provider": "anthropic"}'``.
 """
 
@@ -28,6 +30,8 @@ from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import BatchCompleteSensor
 
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
+# Rows of a run nobody gave a `rows` to: the scheduled ones, which start as soon as the DAG is unpaused.
+SCHEDULED_ROWS = 100
 DATA_DIR = os.environ.get("BATCH_DEMO_DATA_DIR", "/tmp/airflow-batch-demo")
 
 OUTPUT_DIR = "{{ params.output_dir or (params.data_dir ~ '/output/' ~ dag.dag_id) }}"
@@ -83,7 +87,15 @@ with DAG(
     max_active_runs=1,
     default_args={"retries": 2, "retry_delay": timedelta(seconds=10), "on_failure_callback": alert_on_failure},
     params={
-        "rows": Param(50_000, type="integer", minimum=1, description="Synthetic products to generate."),
+        # Unpausing starts a scheduled run at once (catchup=False: the latest day) with these defaults,
+        # against whatever the connection points at: keep it small, so no large job is ever billed
+        # unless someone triggers it with a larger rows.
+        "rows": Param(
+            SCHEDULED_ROWS,
+            type="integer",
+            minimum=1,
+            description=f"Synthetic products to generate. Scheduled runs use the default ({SCHEDULED_ROWS}).",
+        ),
         "provider": Param("openai", enum=["openai", "anthropic"], description="Batch API to use."),
         "model": Param("", type="string", description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-5-5 (Anthropic)."),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),

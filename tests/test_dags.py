@@ -39,11 +39,23 @@ def test_every_dag_file_loads_without_import_errors(dagbag):
 def test_example_dag_shape(dagbag):
     dag = dagbag.dags["nightly_product_classification"]
     assert set(dag.task_ids) == {"make_products", "chunk", "submit", "wait", "merge"}
-    assert dag.params["rows"] == 50_000
+    assert dag.params["rows"] == 100
     (outlet,) = dag.get_task("merge").outlets  # downstream DAGs can be scheduled on the merged output
     assert outlet.name == "classified_products"
     assert dag.get_task("chunk").skip_unchanged is True
     assert dag.get_task("wait").partial_kwargs.get("deferrable") is None  # deferrable by default
+
+
+def test_unpausing_a_dag_never_starts_a_large_job(dagbag):
+    """A run the scheduler starts by itself (unpausing, then each interval) has no conf: it takes the
+    Params' defaults. So a DAG that the scheduler can start on its own must default to a small job.
+    tests/scheduler/test_standalone_recipe.py checks the same under a real scheduler."""
+    scheduled = [dag for dag in dagbag.dags.values() if dag.timetable.can_be_scheduled]
+    assert "nightly_product_classification" in {dag.dag_id for dag in scheduled}
+    for dag in scheduled:
+        rows = dag.params.get("rows")
+        assert rows is not None, f"{dag.dag_id} is scheduled but has no rows Param: say what its runs send"
+        assert rows < 10_000, f"{dag.dag_id}: unpausing it would start a scheduled run of {rows:,} rows"
 
 
 @pytest.mark.scenario
