@@ -3,15 +3,43 @@
 Airflow 3 resolves a link on the worker when the task finishes (``get_link`` is called with the
 task object that just ran) and stores the URL in XCom for the UI, so the operator only needs to
 remember the URL it learned while running.
+
+The console only knows batches made on the provider's own API. A connection pointed at another
+base URL — the bundled emulator, a proxy, a self-hosted compatible server — made a batch the
+console has never seen, so :func:`console_url` gives no link for it rather than a wrong one.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from airflow.sdk import BaseOperatorLink
 
 URL_ATTRIBUTE = "batch_console_url"
+
+# provider → (API hosts whose batches the console shows, console URL of one batch)
+CONSOLES: dict[str, tuple[tuple[str, ...], str]] = {
+    # us./eu. are OpenAI's data-residency API hosts; their batches show in the same console.
+    "openai": (
+        ("api.openai.com", "us.api.openai.com", "eu.api.openai.com"),
+        "https://platform.openai.com/batches/{batch_id}",
+    ),
+    "anthropic": (("api.anthropic.com",), "https://console.anthropic.com/workspaces/default/batches/{batch_id}"),
+}
+
+
+def console_url(provider: str, base_url: str | None, batch_id: str) -> str | None:
+    """Return the console URL of ``batch_id`` when ``base_url`` is the provider's own API, else None.
+
+    ``base_url`` is what the SDK client talks to (the connection's host or ``base_url`` extra, or
+    the SDK's default when neither is set).
+    """
+    hosts, template = CONSOLES.get(provider, ((), ""))
+    parts = urlsplit(base_url or "")
+    if not batch_id or parts.scheme != "https" or (parts.hostname or "").lower() not in hosts:
+        return None
+    return template.format(batch_id=batch_id)
 
 
 class BatchConsoleLink(BaseOperatorLink):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
+import pytest
+
 from airflow_batch_provider.get_provider_info import get_provider_info
-from airflow_batch_provider.links import BatchConsoleLink
+from airflow_batch_provider.hooks.registry import get_batch_hook
+from airflow_batch_provider.links import BatchConsoleLink, console_url
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import BatchCompleteSensor
 from tests.support import make_context, write_chunk
@@ -15,11 +20,49 @@ def test_link_is_registered_and_attached():
         assert any(isinstance(link, BatchConsoleLink) for link in op_class.operator_extra_links)
 
 
-def test_submit_records_the_console_url(openai_conn, tmp_path):
+def test_a_batch_of_the_emulator_gets_no_console_link(openai_conn, tmp_path):
+    """platform.openai.com has never seen a batch the emulator made: no button rather than a dead one."""
     op = SubmitBatchOperator(task_id="submit", chunk=write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]))
-    assert BatchConsoleLink().get_link(op, ti_key=None) == ""  # nothing before it ran
     result = op.execute(make_context())
-    assert BatchConsoleLink().get_link(op, ti_key=None) == f"https://platform.openai.com/batches/{result['batch_id']}"
+    assert result["batch_id"]
+    assert BatchConsoleLink().get_link(op, ti_key=None) == ""
+    sensor = BatchCompleteSensor(task_id="wait", batch=result, deferrable=False, poll_interval=0.1)
+    sensor.execute(make_context())
+    assert BatchConsoleLink().get_link(sensor, ti_key=None) == ""
+
+
+@pytest.mark.parametrize(
+    ("conn", "expected"),
+    [
+        # No host: the SDK's default, the real API → its console.
+        ({"conn_type": "openai_batch", "password": "k"}, "https://platform.openai.com/batches/batch_1"),
+        (
+            {"conn_type": "openai_batch", "password": "k", "host": "https://eu.api.openai.com/v1"},
+            "https://platform.openai.com/batches/batch_1",
+        ),
+        ({"conn_type": "openai_batch", "password": "k", "host": "http://127.0.0.1:8089/v1"}, None),
+        ({"conn_type": "openai_batch", "password": "k", "extra": {"base_url": "https://llm-proxy.corp/v1"}}, None),
+        (
+            {"conn_type": "anthropic_batch", "password": "k"},
+            "https://console.anthropic.com/workspaces/default/batches/batch_1",
+        ),
+        ({"conn_type": "anthropic_batch", "password": "k", "host": "http://127.0.0.1:8089"}, None),
+    ],
+)
+def test_console_link_follows_the_connection_base_url(monkeypatch, conn, expected):
+    """The link is built from the base URL the hook's real SDK client talks to (no request is made)."""
+    provider = "openai" if conn["conn_type"] == "openai_batch" else "anthropic"
+    monkeypatch.setenv(f"AIRFLOW_CONN_{provider.upper()}_BATCH_DEFAULT", json.dumps(conn))
+    assert get_batch_hook(provider).batch_url("batch_1") == expected
+
+
+def test_console_url_needs_the_providers_own_https_host():
+    assert console_url("openai", "https://api.openai.com/v1", "b") == "https://platform.openai.com/batches/b"
+    assert console_url("openai", "https://api.openai.com.evil.example/v1", "b") is None
+    assert console_url("openai", "http://api.openai.com/v1", "b") is None
+    assert console_url("anthropic", "https://api.openai.com/v1", "b") is None
+    assert console_url("openai", "https://api.openai.com/v1", "") is None
+    assert console_url("vllm", "https://api.openai.com/v1", "b") is None
 
 
 def test_mapped_tasks_are_named_after_their_chunk():

@@ -25,6 +25,7 @@ from airflow_batch_provider.chunking.limits import ANTHROPIC_LIMITS, ProviderLim
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_anthropic_result
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.utils.retry import (
@@ -253,5 +254,5 @@ class AnthropicBatchHook(BatchHook):
             yield parse_anthropic_result(item)
 
     def batch_url(self, batch_id: str) -> str | None:
-        """Link to the batch in the Anthropic console."""
-        return f"https://console.anthropic.com/workspaces/default/batches/{batch_id}"
+        """Link to the batch in the Anthropic console; None when the connection points elsewhere."""
+        return console_url("anthropic", str(self.client.base_url), batch_id)

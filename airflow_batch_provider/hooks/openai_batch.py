@@ -21,6 +21,7 @@ from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
+from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.utils.retry import (
@@ -324,5 +325,5 @@ class OpenAIBatchHook(BatchHook):
         self._call(f"delete of file {file_id}", lambda: self.client.files.delete(file_id))
 
     def batch_url(self, batch_id: str) -> str | None:
-        """Link to the batch in the OpenAI platform console."""
-        return f"https://platform.openai.com/batches/{batch_id}"
+        """Link to the batch in the OpenAI platform console; None when the connection points elsewhere."""
+        return console_url("openai", str(self.client.base_url), batch_id)
