@@ -28,6 +28,7 @@ from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_anthropic_result
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
+from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import (
     RetryPolicy,
     acall_with_retries,
@@ -130,6 +131,7 @@ class AnthropicBatchHook(BatchHook):
         self._async_client: anthropic.AsyncAnthropic | None = None
 
     def _client_kwargs(self, conn: Any) -> dict[str, Any]:
+        quiet_transport_logs()  # every client is built from these: no INFO line per poll
         extra = conn.extra_dejson or {}
         base_url = extra.get("base_url") or conn.host or None
         if base_url and "://" not in base_url:

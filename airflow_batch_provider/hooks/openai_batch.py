@@ -24,6 +24,7 @@ from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHoo
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
+from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import (
     RetryPolicy,
     acall_with_retries,
@@ -131,6 +132,7 @@ class OpenAIBatchHook(BatchHook):
 
     # -- clients ---------------------------------------------------------------------------------
     def _client_kwargs(self, conn: Any) -> dict[str, Any]:
+        quiet_transport_logs()  # every client is built from these: no INFO line per poll
         extra = conn.extra_dejson or {}
         kwargs: dict[str, Any] = dict(extra.get("openai_client_kwargs") or {})
         base_url = extra.get("base_url") or kwargs.pop("base_url", None) or conn.host or None

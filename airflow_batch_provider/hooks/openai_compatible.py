@@ -33,6 +33,7 @@ from airflow.sdk import BaseHook
 from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.local_results import ResultCounts, error_line, success_line
 from airflow_batch_provider.hooks.openai_batch import classify_openai_error
+from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class OpenAICompatibleHook(BaseHook):
     @cached_property
     def client_kwargs(self) -> dict[str, Any]:
         """SDK client arguments built from the connection (read once)."""
+        quiet_transport_logs()  # every client is built from these: no INFO line per request
         conn = self.get_connection(self.conn_id)
         extra = conn.extra_dejson or {}
         headers = extra.get("headers") or {}
@@ -181,15 +183,8 @@ class OpenAICompatibleHook(BaseHook):
         """
         if not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1:
             raise ValueError(f"max_concurrency must be a positive integer, got {max_concurrency!r}.")
-        # The SDK's transport logs every request at INFO: 50,000 lines per chunk would bury the
-        # task log, so it is quietened for the run and progress is logged every progress_every s.
-        transport_log = logging.getLogger("httpx2")
-        level = transport_log.level
-        transport_log.setLevel(max(level, logging.WARNING))
-        try:
-            return asyncio.run(self._arun(requests, fingerprint, write, max_concurrency, total, label, progress_every))
-        finally:
-            transport_log.setLevel(level)
+        # Progress is logged every progress_every s; the transport's line per request is not (client_kwargs).
+        return asyncio.run(self._arun(requests, fingerprint, write, max_concurrency, total, label, progress_every))
 
     async def _arun(
         self,
