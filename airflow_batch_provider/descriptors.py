@@ -28,7 +28,10 @@ class ChunkDescriptor(TypedDict):
     fingerprint: str  # sha256 of the requests file: same bytes, same fingerprint
     label: str  # human name for the mapped task, e.g. "chunk 3/12 (10,000 req)"
     schema_path: NotRequired[str]  # JSON Schema of the expected answer (structured output only)
-    estimated_cost_usd: NotRequired[float | None]  # batch price of this chunk, None when the model is unpriced
+    # Batch price of this chunk before submission: every answer at max_tokens, and at its expected
+    # length (see cost/answers.py); None when the model is unpriced.
+    cost_upper_bound_usd: NotRequired[float | None]
+    cost_expected_usd: NotRequired[float | None]
     estimated_input_tokens: NotRequired[int]
     carry_path: NotRequired[str]  # stored results of unchanged rows (skip_unchanged), see incremental.py
     num_carried: NotRequired[int]

@@ -28,7 +28,8 @@ BATCHES = f"{PREFIX}.batches"  # .<terminal status>
 INPUT_TOKENS = f"{PREFIX}.tokens.input"
 OUTPUT_TOKENS = f"{PREFIX}.tokens.output"
 COST_ACTUAL = f"{PREFIX}.cost_usd.actual"
-COST_ESTIMATED = f"{PREFIX}.cost_usd.estimated"
+COST_UPPER_BOUND = f"{PREFIX}.cost_usd.upper_bound"
+COST_EXPECTED = f"{PREFIX}.cost_usd.expected"
 COST_REALTIME = f"{PREFIX}.cost_usd.realtime_equivalent"
 
 
@@ -136,8 +137,17 @@ class BatchMetrics:
         self._emit("incr", OUTPUT_TOKENS, output_tokens)
 
     def cost(self, usd: float | None, *, kind: str = "actual") -> None:
-        """Gauge a USD cost: ``kind`` is ``actual``, ``estimated`` or ``realtime_equivalent`` (None: skipped)."""
-        names = {"actual": COST_ACTUAL, "estimated": COST_ESTIMATED, "realtime_equivalent": COST_REALTIME}
+        """Gauge a USD cost: ``kind`` is ``actual``, ``upper_bound``, ``expected`` or ``realtime_equivalent``.
+
+        ``upper_bound`` and ``expected`` are the pre-submit estimates (every answer at max_tokens, and
+        at its expected length); None (an unpriced model) sends nothing.
+        """
+        names = {
+            "actual": COST_ACTUAL,
+            "upper_bound": COST_UPPER_BOUND,
+            "expected": COST_EXPECTED,
+            "realtime_equivalent": COST_REALTIME,
+        }
         if kind not in names:
             raise ValueError(f"kind must be one of {sorted(names)}, got {kind!r}")
         if usd is not None:

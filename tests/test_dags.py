@@ -198,7 +198,9 @@ def test_a_dag_run_emits_the_documented_metrics(airflow_db, openai_conn, tmp_pat
     assert stats.last("llm_batch.cost_usd.actual") > 0
     assert stats.last("llm_batch.cost_usd.realtime_equivalent") > stats.last("llm_batch.cost_usd.actual")
     names = {name for _, name, _, _ in stats.calls}
-    assert {"llm_batch.cost_usd.estimated", "llm_batch.chunks_waiting", "llm_batch.requests_in_flight"} <= names
+    assert {"llm_batch.cost_usd.upper_bound", "llm_batch.cost_usd.expected", "llm_batch.chunks_waiting"} <= names
+    # The example's answers are an enum label and a number: expected well below the max_tokens=64 bound.
+    assert stats.last("llm_batch.cost_usd.expected") < stats.last("llm_batch.cost_usd.upper_bound") / 2
     assert all(name.startswith("llm_batch.") for name in names)
     for _, name, _, tags in stats.calls:
         assert tags["provider"] == "openai" and tags["model"] == "gpt-4o-mini", (name, tags)

@@ -71,9 +71,10 @@ def test_each_helper_emits_its_metric_with_tags() -> None:
     m.batch_ended("failed")
     m.tokens(600_000, 25_000)
     m.cost(0.525)
-    m.cost(0.6, kind="estimated")
+    m.cost(0.6, kind="upper_bound")
+    m.cost(0.2, kind="expected")
     m.cost(1.05, kind="realtime_equivalent")
-    m.cost(None, kind="estimated")  # unpriced: nothing sent
+    m.cost(None, kind="expected")  # unpriced: nothing sent
     assert stats.calls == [
         ("gauge", "llm_batch.tokens_per_second", 200.0, TAGS),
         ("gauge", "llm_batch.requests_in_flight", 2_500, {**TAGS, "chunk": "3"}),
@@ -85,7 +86,8 @@ def test_each_helper_emits_its_metric_with_tags() -> None:
         ("incr", "llm_batch.tokens.input", 600_000, TAGS),
         ("incr", "llm_batch.tokens.output", 25_000, TAGS),
         ("gauge", "llm_batch.cost_usd.actual", 0.525, TAGS),
-        ("gauge", "llm_batch.cost_usd.estimated", 0.6, TAGS),
+        ("gauge", "llm_batch.cost_usd.upper_bound", 0.6, TAGS),
+        ("gauge", "llm_batch.cost_usd.expected", 0.2, TAGS),
         ("gauge", "llm_batch.cost_usd.realtime_equivalent", 1.05, TAGS),
     ]
 

@@ -168,6 +168,8 @@ def format_plan(plan: WorkloadPlan) -> str:
     money = max(len(batch_usd), len(realtime_usd))
     rows = [
         ("tokens", f"{est.input_tokens:,} input + {est.output_tokens:,} output"),
+        # The figures are as good as the averages given: say so, and how to get a bound instead.
+        ("costs are", "expected at the average tokens given (pass max_tokens as --output-tokens for an upper bound)"),
         (
             "batch API",
             f"{batch_usd.rjust(money)}  up to {BATCH_WINDOW_HOURS} h (completion window); "

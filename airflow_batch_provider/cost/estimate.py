@@ -1,9 +1,12 @@
 """Price a batch job before it is submitted and after it ran, and compare it with real time.
 
 Before: :func:`estimate_chunks_cost` counts the tokens of the chunk files the chunk step wrote
-(see :mod:`airflow_batch_provider.cost.tokens` for how) and prices them; :func:`check_budget` raises
-:class:`~airflow_batch_provider.exceptions.CostLimitExceededError` when the batch estimate is over
-``max_cost_usd``, before anything is uploaded. After: :class:`UsageTally` adds up the usage the
+(see :mod:`airflow_batch_provider.cost.tokens` for how) and prices them two ways — a
+:class:`JobEstimate` holds the *upper bound* (every answer as long as ``max_tokens`` allows) and
+the *expected* cost (answers as long as the response schema or ``expected_output_tokens`` says);
+:func:`check_budget` raises :class:`~airflow_batch_provider.exceptions.CostLimitExceededError`
+when the one the user chose (``max_cost_basis``) is over ``max_cost_usd``, before anything is
+uploaded. After: :class:`UsageTally` adds up the usage the
 provider reported per model and :func:`price_usage` prices it. Every estimate carries the
 real-time price of the same tokens, so the run summary can say what batch saved
 (:func:`comparison_line`, :func:`cost_summary`).
@@ -71,6 +74,56 @@ class CostEstimate:
         return f"{tokens} = {usd(self.batch_usd)} batch, {usd(self.realtime_usd)} real-time"
 
 
+COST_BASES = ("upper_bound", "expected")
+_BASIS_LABELS = {"upper_bound": "upper bound", "expected": "expected"}
+
+
+@dataclass(frozen=True)
+class JobEstimate:
+    """A job's cost before it runs: the upper bound and the expectation (they differ in output tokens only)."""
+
+    upper_bound: CostEstimate
+    expected: CostEstimate
+
+    def on(self, basis: str) -> CostEstimate:
+        """Return the estimate ``basis`` names (``"upper_bound"`` or ``"expected"``)."""
+        return self.upper_bound if check_cost_basis(basis) == "upper_bound" else self.expected
+
+    @property
+    def input_tokens(self) -> int:
+        """Return the input tokens counted (the same for both figures)."""
+        return self.upper_bound.input_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-able dict (for error details and summaries)."""
+        return {"upper_bound": self.upper_bound.to_dict(), "expected": self.expected.to_dict()}
+
+    def describe(self) -> str:
+        """Return one line: requests and input tokens, then the expected and upper-bound figures."""
+        low, high = self.expected, self.upper_bound
+        head = f"{high.requests:,} requests to {high.model}: {high.input_tokens:,} input tokens ({high.method})"
+        if not high.priced:
+            return f"{head}; no price known for {high.model}"
+
+        def part(label: str, est: CostEstimate) -> str:
+            return (
+                f"{label} {usd(est.batch_usd)} batch / {usd(est.realtime_usd)} real-time with "
+                f"{est.output_tokens:,} output tokens ({est.output_basis})"
+            )
+
+        return f"{head}; {part('expected', low)}; {part('upper bound', high)}"
+
+
+def check_cost_basis(basis: Any) -> str:
+    """Return ``basis`` when it names a cost figure the guard can compare, else raise InvalidInputError."""
+    if basis not in COST_BASES:
+        raise InvalidInputError(
+            f"max_cost_basis must be one of {', '.join(map(repr, COST_BASES))}, got {basis!r}: 'upper_bound' "
+            "prices every answer at max_tokens (the job cannot cost more), 'expected' at its expected length."
+        )
+    return str(basis)
+
+
 def usd(value: float | None) -> str:
     """Format a USD amount: cents above $1, more digits below (tiny test jobs cost fractions of a cent)."""
     if value is None:
@@ -107,16 +160,22 @@ def price_usage(
     )
 
 
-def _priced(tally: TokenTally, model: str, pricing: PricingTable, require_price: bool) -> CostEstimate:
-    return price_usage(
-        model,
-        tally.input_tokens,
-        tally.output_tokens,
-        requests=tally.requests,
-        pricing=pricing,
-        require_price=require_price,
-        method=tally.method,
-        output_basis=tally.output_basis,
+def _priced(tally: TokenTally, model: str, pricing: PricingTable, require_price: bool) -> JobEstimate:
+    def priced(output_tokens: int, output_basis: str) -> CostEstimate:
+        return price_usage(
+            model,
+            tally.input_tokens,
+            output_tokens,
+            requests=tally.requests,
+            pricing=pricing,
+            require_price=require_price,
+            method=tally.method,
+            output_basis=output_basis,
+        )
+
+    return JobEstimate(
+        upper_bound=priced(tally.output_tokens, tally.output_basis),
+        expected=priced(tally.expected_output_tokens, tally.expected_basis),
     )
 
 
@@ -129,8 +188,8 @@ def estimate_cost(
     pricing: PricingArg = None,
     require_price: bool = False,
     exact: bool | None = None,
-) -> CostEstimate:
-    """Count the tokens of plain texts or requests (dicts or JSONL lines) and price them."""
+) -> JobEstimate:
+    """Count the tokens of plain texts or requests (dicts or JSONL lines) and price them both ways."""
     tally = count_request_tokens(
         texts_or_requests, model, provider=provider, expected_output_tokens=expected_output_tokens, exact=exact
     )
@@ -144,8 +203,8 @@ def estimate_chunks_cost(
     pricing: PricingArg = None,
     require_price: bool = False,
     exact: bool | None = None,
-) -> CostEstimate:
-    """Price the requests files of chunk descriptors (one file in memory at a time).
+) -> JobEstimate:
+    """Price the requests files of chunk descriptors both ways (one file in memory at a time).
 
     ``chunks`` are ChunkDescriptor dicts (or anything downstream of them): their
     ``requests_path``, ``model`` and ``provider`` keys are read.
@@ -162,7 +221,15 @@ def estimate_chunks_cost(
             lines = (line for line in handle if line.strip())
             tally = count_request_tokens(lines, model, expected_output_tokens=expected_output_tokens, counter=counter)
         tallies[model] = tallies[model] + tally if model in tallies else tally
-    return combine_costs([_priced(tally, model, table, require_price) for model, tally in tallies.items()])
+    return combine_estimates([_priced(tally, model, table, require_price) for model, tally in tallies.items()])
+
+
+def combine_estimates(estimates: Sequence[JobEstimate]) -> JobEstimate:
+    """Add job estimates (e.g. per chunk, or per model) up into one."""
+    return JobEstimate(
+        upper_bound=combine_costs([e.upper_bound for e in estimates]),
+        expected=combine_costs([e.expected for e in estimates]),
+    )
 
 
 def combine_costs(estimates: Sequence[CostEstimate]) -> CostEstimate:
@@ -226,25 +293,35 @@ def parse_max_cost_usd(value: Any) -> float | None:
     return limit
 
 
-def check_budget(estimate: CostEstimate, max_cost_usd: Any) -> None:
-    """Raise CostLimitExceededError when the batch estimate exceeds ``max_cost_usd`` (None: no limit)."""
+def check_budget(estimate: JobEstimate, max_cost_usd: Any, basis: str = "upper_bound") -> None:
+    """Raise CostLimitExceededError when the ``basis`` figure of ``estimate`` exceeds ``max_cost_usd`` (None: no limit).
+
+    ``basis``: ``"upper_bound"`` (default: the job cannot cost more, input counting aside) or
+    ``"expected"`` (what the job should cost; e.g. a limit set from last night's bill).
+    """
     limit = parse_max_cost_usd(max_cost_usd)
+    chosen = estimate.on(basis)
     if limit is None:
         return
-    if estimate.batch_usd is None:
+    if chosen.batch_usd is None:
         raise InvalidInputError(
-            f"max_cost_usd={limit:g} is set but no price is known for {estimate.model}, so the job cannot be "
+            f"max_cost_usd={limit:g} is set but no price is known for {chosen.model}, so the job cannot be "
             "checked against it. Add the model to the pricing table (a pricing file or dict), or drop "
             "max_cost_usd. Nothing was uploaded."
         )
-    if estimate.batch_usd <= limit:
+    if chosen.batch_usd <= limit:
         return
+    label = _BASIS_LABELS[basis]
+    other = ""
+    expected_usd = estimate.expected.batch_usd
+    if basis == "upper_bound" and expected_usd is not None and expected_usd <= limit:
+        other = f"; or guard on the expected cost ({usd(expected_usd)}) instead: max_cost_basis='expected'"
     raise CostLimitExceededError(
-        f"Estimated batch cost {usd(estimate.batch_usd)} exceeds max_cost_usd={usd(limit)}: "
+        f"Batch cost {usd(chosen.batch_usd)} ({label}) exceeds max_cost_usd={usd(limit)}: "
         f"{estimate.describe()}. Nothing was uploaded. To go ahead, raise max_cost_usd to at least "
-        f"{usd(estimate.batch_usd)}; or make the job cheaper: fewer rows, a shorter prompt, a lower "
+        f"{usd(chosen.batch_usd)}{other}; or make the job cheaper: fewer rows, a shorter prompt, a lower "
         "max_tokens or expected_output_tokens, or a cheaper model.",
-        estimate_usd=estimate.batch_usd,
+        estimate_usd=chosen.batch_usd,
         limit_usd=limit,
         estimate=estimate.to_dict(),
     )
@@ -263,13 +340,17 @@ def comparison_line(estimate: CostEstimate) -> str:
     )
 
 
-def cost_summary(actual: CostEstimate, estimated: CostEstimate | float | None = None) -> dict[str, Any]:
-    """Return the cost keys of a run summary: estimated vs actual, and the real-time comparison.
+def cost_summary(
+    actual: CostEstimate, upper_bound: float | None = None, expected: float | None = None
+) -> dict[str, Any]:
+    """Return the cost keys of a run summary: the pre-submit figures next to the actual cost, and real time.
 
-    ``estimated`` is the pre-submit estimate, or its batch USD (e.g. summed from the chunks).
+    ``upper_bound`` and ``expected`` are the batch USD estimated before submission (e.g. summed
+    from the chunks); None when unknown.
     """
     return {
-        "estimated_cost_usd": estimated.batch_usd if isinstance(estimated, CostEstimate) else estimated,
+        "cost_expected_usd": expected,
+        "cost_upper_bound_usd": upper_bound,
         "actual_cost_usd": actual.batch_usd,
         "realtime_cost_usd": actual.realtime_usd,
         "saved_usd": actual.saving_usd,
@@ -283,18 +364,23 @@ def cost_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
     if "actual_cost_usd" not in summary:
         return []
     return [
-        ("estimated cost", usd(summary.get("estimated_cost_usd"))),
-        ("actual cost", usd(summary.get("actual_cost_usd"))),
+        ("expected cost", f"{usd(summary.get('cost_expected_usd'))} (before submission)"),
+        ("cost upper bound", f"{usd(summary.get('cost_upper_bound_usd'))} (every answer at max_tokens)"),
+        ("actual cost", f"{usd(summary.get('actual_cost_usd'))} (usage the provider reported)"),
         ("real-time cost", usd(summary.get("realtime_cost_usd"))),
         ("batch vs real-time", str(summary.get("cost_comparison", "")).removeprefix("batch vs real-time: ")),
     ]
 
 
 __all__ = [
+    "COST_BASES",
     "CostEstimate",
+    "JobEstimate",
     "UsageTally",
     "check_budget",
+    "check_cost_basis",
     "combine_costs",
+    "combine_estimates",
     "comparison_line",
     "cost_rows",
     "cost_summary",

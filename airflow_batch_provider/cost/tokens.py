@@ -21,10 +21,9 @@ format adds: 4 tokens per message (3 + the role) and 3 to prime the reply; a Cla
 3 per message. ``tools`` and ``response_format`` schemas are counted as their JSON text (the
 hidden tool-use system prompt providers add is not). Images and files are not counted.
 
-**Output tokens** per request: ``expected_output_tokens`` when given (use it when ``max_tokens``
-is a loose cap), else the request's ``max_tokens`` / ``max_completion_tokens`` /
-``max_output_tokens`` (an upper bound: reasoning models bill their hidden reasoning as output
-too), else :data:`DEFAULT_OUTPUT_TOKENS`. Embeddings produce none.
+**Output tokens** per request, two figures (:class:`~airflow_batch_provider.cost.answers.OutputTally`):
+the *upper bound* (``max_tokens``) and the *expectation* (``expected_output_tokens``, else a typical
+answer of the request's response schema — an enum label is a few tokens — else the bound).
 
 **Speed.** Identical pieces (a system prompt, a schema) are counted once. With tiktoken, up to
 :data:`EXACT_LIMIT` distinct pieces are encoded; beyond that an evenly spaced sample is encoded
@@ -51,12 +50,12 @@ from typing import Any
 import numpy as np
 import orjson
 
+from airflow_batch_provider.cost.answers import OutputTally, answer_schema, typical_answer
 from airflow_batch_provider.exceptions import InvalidInputError
 
 log = logging.getLogger(__name__)
 
 TIKTOKEN_DIR_ENV = "AIRFLOW_BATCH_TIKTOKEN_DIR"
-DEFAULT_OUTPUT_TOKENS = 256
 EXACT_LIMIT = 20_000
 SAMPLE_SIZE = 5_000
 OPENAI_TOKENS_PER_MESSAGE = 4  # 3 framing tokens + the role, per OpenAI's chat-format accounting
@@ -254,6 +253,7 @@ class RequestParts:
     overhead: int
     max_output: int | None
     produces_output: bool = True
+    typical_answer: str | None = None  # an answer the response schema allows (None: not bounded by one)
 
 
 def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai") -> RequestParts:
@@ -286,7 +286,9 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
         for key in ("tools", "response_format"):
             if data.get(key):
                 pieces.append(orjson.dumps(data[key]).decode())
-        return RequestParts(tuple(pieces), overhead, max_output)
+        schema = answer_schema(data)
+        answer = typical_answer(schema) if schema is not None else None
+        return RequestParts(tuple(pieces), overhead, max_output, typical_answer=answer)
     if "input" in data:  # embeddings: no output
         overhead += _add_content(data["input"], pieces)
         return RequestParts(tuple(pieces), overhead, 0, produces_output=False)
@@ -326,9 +328,11 @@ class TokenTally:
 
     requests: int
     input_tokens: int
-    output_tokens: int
+    output_tokens: int  # the upper bound (max_tokens)
     method: str
     output_basis: str
+    expected_output_tokens: int = 0
+    expected_basis: str = ""
 
     def __add__(self, other: TokenTally) -> TokenTally:
         return TokenTally(
@@ -337,6 +341,8 @@ class TokenTally:
             self.output_tokens + other.output_tokens,
             _join(self.method, other.method),
             _join(self.output_basis, other.output_basis),
+            self.expected_output_tokens + other.expected_output_tokens,
+            _join(self.expected_basis, other.expected_basis),
         )
 
 
@@ -367,26 +373,22 @@ def count_request_tokens(
         raise InvalidInputError(f"expected_output_tokens must be an integer ≥ 0, got {expected_output_tokens!r}.")
     counter = counter or TokenCounter(model, provider, exact=exact)
     pieces: list[str] = []
-    requests = overhead = output = 0
-    bases: set[str] = set()
+    requests = overhead = 0
+    output = OutputTally(counter.count, expected_output_tokens)
     for item in items:
         parts = request_parts(item, counter.provider)
         requests += 1
         pieces.extend(parts.pieces)
         overhead += parts.overhead
-        if not parts.produces_output:
-            bases.add("none (embeddings)")
-        elif expected_output_tokens is not None:
-            output += expected_output_tokens
-            bases.add(f"expected_output_tokens={expected_output_tokens}")
-        elif parts.max_output is not None:
-            output += parts.max_output
-            bases.add("max_tokens")
-        else:
-            output += DEFAULT_OUTPUT_TOKENS
-            bases.add(f"default {DEFAULT_OUTPUT_TOKENS}/request (set max_tokens or expected_output_tokens)")
+        output.add(parts.max_output, parts.produces_output, parts.typical_answer)
     return TokenTally(
-        requests, counter.count_total(pieces) + overhead, output, counter.method, "; ".join(sorted(bases))
+        requests,
+        counter.count_total(pieces) + overhead,
+        output.bound,
+        counter.method,
+        output.bound_basis,
+        output.expected,
+        output.expected_basis,
     )
 
 

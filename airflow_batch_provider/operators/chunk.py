@@ -22,8 +22,10 @@ from airflow_batch_provider.chunking.requests import RequestSpec, check_endpoint
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.cost.estimate import (
     CostEstimate,
+    JobEstimate,
     check_budget,
-    combine_costs,
+    check_cost_basis,
+    combine_estimates,
     estimate_chunks_cost,
     parse_max_cost_usd,
     usd,
@@ -100,10 +102,14 @@ class ChunkOperator(BaseOperator):
         A job may have at most ``[core] max_map_length`` chunks (1,024 by default; see docs/performance.md).
     :param byte_cap: bytes per chunk file; default: the provider's safe cap.
     :param columns: source columns to keep in the rows files (template and id columns always are).
-    :param max_cost_usd: fail before anything is uploaded when the estimated batch cost exceeds this
-        (USD). Templated, so it can come from a Param.
-    :param expected_output_tokens: output tokens per request for the estimate (default: the
-        request's ``max_tokens``).
+    :param max_cost_usd: fail before anything is uploaded when the estimated batch cost (the figure
+        ``max_cost_basis`` names) exceeds this (USD). Templated, so it can come from a Param.
+    :param max_cost_basis: which estimate ``max_cost_usd`` is compared with: ``"upper_bound"``
+        (default: every answer as long as ``max_tokens`` allows, so the job cannot cost more) or
+        ``"expected"`` (answers as long as the response schema or ``expected_output_tokens`` says:
+        what the job should cost, e.g. to set the limit from an earlier run's actual cost).
+    :param expected_output_tokens: output tokens per request for the expected cost (default: a
+        typical answer of ``response_schema``, else ``max_tokens``); the upper bound stays ``max_tokens``.
     :param pricing: price overrides (a dict or a file path); see ``airflow_batch_provider.cost.pricing``.
     :param skip_unchanged: send only rows that are new or whose request changed since
         ``previous_output`` was written; unchanged rows keep their stored result (see
@@ -142,6 +148,7 @@ class ChunkOperator(BaseOperator):
         byte_cap: int | None = None,
         columns: Sequence[str] | None = None,
         max_cost_usd: float | str | None = None,
+        max_cost_basis: str = "upper_bound",
         expected_output_tokens: int | None = None,
         pricing: Mapping[str, Any] | str | None = None,
         skip_unchanged: bool = False,
@@ -159,6 +166,7 @@ class ChunkOperator(BaseOperator):
         if not (isinstance(max_cost_usd, str) and "{{" in max_cost_usd):
             parse_max_cost_usd(max_cost_usd)  # a bad limit is a DAG import error, not a failed run
         self.max_cost_usd = max_cost_usd
+        self.max_cost_basis = check_cost_basis(max_cost_basis)
         self.expected_output_tokens = expected_output_tokens
         self.pricing = pricing
         self.prompt_template = PromptTemplate(prompt_template).template
@@ -262,29 +270,39 @@ class ChunkOperator(BaseOperator):
             ("ids derived", f"{result.derived_ids:,}"),
             ("seconds", f"{result.seconds:,.1f} ({rate:,.0f} rows/s)"),
             *(carried_summary(skipped) if skipped else []),
-            ("estimated cost", f"{usd(estimate.batch_usd)} batch, {usd(estimate.realtime_usd)} real-time"),
+            ("expected cost", _cost_line(estimate.expected)),
+            ("cost upper bound", _cost_line(estimate.upper_bound)),
             ("written to", f"{job_dir}/chunks"),
         ]
         width = max(len(name) for name, _ in summary)
         self.log.info("Chunk summary:\n%s", "\n".join(f"  {name:<{width}}  {value}" for name, value in summary))
         # Last, so the estimate is logged either way; nothing has been uploaded yet.
-        check_budget(estimate, self.max_cost_usd)
+        check_budget(estimate, self.max_cost_usd, self.max_cost_basis)
         return descriptors
 
-    def _estimate_cost(self, context: Context, spec: RequestSpec, descriptors: list[ChunkDescriptor]) -> CostEstimate:
+    def _estimate_cost(self, context: Context, spec: RequestSpec, descriptors: list[ChunkDescriptor]) -> JobEstimate:
         """Estimate the job's cost from the chunk files, record it per chunk, and emit metrics."""
         per_chunk = [
             estimate_chunks_cost([d], expected_output_tokens=self.expected_output_tokens, pricing=self.pricing)
             for d in descriptors
         ]
         for descriptor, chunk_estimate in zip(descriptors, per_chunk):
-            descriptor["estimated_cost_usd"] = chunk_estimate.batch_usd
+            descriptor["cost_upper_bound_usd"] = chunk_estimate.upper_bound.batch_usd
+            descriptor["cost_expected_usd"] = chunk_estimate.expected.batch_usd
             descriptor["estimated_input_tokens"] = chunk_estimate.input_tokens
-        estimate = combine_costs(per_chunk)
+        estimate = combine_estimates(per_chunk)
         self.log.info("Cost estimate: %s", estimate.describe())
         metrics = BatchMetrics.from_context(context, provider=spec.provider, model=spec.model)
-        if estimate.batch_usd is not None:
-            metrics.cost(estimate.batch_usd, kind="estimated")
+        metrics.cost(estimate.upper_bound.batch_usd, kind="upper_bound")
+        metrics.cost(estimate.expected.batch_usd, kind="expected")
         metrics.chunks_waiting(len(descriptors))
         metrics.batch_fill_rate([d["num_requests"] for d in descriptors], self._chunk_size())
         return estimate
+
+
+def _cost_line(estimate: CostEstimate) -> str:
+    """Return "$X batch, $Y real-time (N output tokens: basis)" for the chunk summary."""
+    return (
+        f"{usd(estimate.batch_usd)} batch, {usd(estimate.realtime_usd)} real-time "
+        f"({estimate.output_tokens:,} output tokens: {estimate.output_basis})"
+    )

@@ -128,11 +128,13 @@ class MergeResultsOperator(BaseOperator):
         removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
         if removed:
             self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
-        estimates = [b.get("estimated_cost_usd") for b in batches]
-        estimated = None if any(v is None for v in estimates) else float(sum(estimates))  # type: ignore[arg-type]
         summary = {
             **total.to_dict(),
-            **cost_summary(usage.cost(self.pricing), estimated),
+            **cost_summary(
+                usage.cost(self.pricing),
+                _chunk_sum(batches, "cost_upper_bound_usd"),
+                _chunk_sum(batches, "cost_expected_usd"),
+            ),
             "output": str(self.output_dir),
             "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
         }
@@ -170,6 +172,12 @@ class MergeResultsOperator(BaseOperator):
                 events[outlet].extra = {
                     key: summary[key] for key in ("output", "rows", "succeeded", "failed") if key in summary
                 }
+
+
+def _chunk_sum(batches: list[dict[str, Any]], key: str) -> float | None:
+    """Return the chunks' ``key`` added up (None when any chunk lacks it: an unpriced model)."""
+    values = [b.get(key) for b in batches]
+    return None if any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
 
 
 def _too_many_failures_message(over: list[dict[str, Any]], limit: float | None, num_chunks: int) -> str:

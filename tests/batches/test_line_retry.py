@@ -122,8 +122,8 @@ def test_write_followup_rejects_ids_of_another_chunk(tmp_path):
 
 def test_followup_chunk_points_at_the_retry_file(tmp_path):
     chunk = write_chunk(tmp_path, [{"custom_id": f"r{i}", "text": "t"} for i in range(4)])
-    batch = {**chunk, "batch_id": "b1", "input_file_id": "f1", "state": {}, "estimated_cost_usd": 1.0}
-    assert "batch_id" not in chunk_of(batch) and "estimated_cost_usd" not in chunk_of(batch)
+    batch = {**chunk, "batch_id": "b1", "input_file_id": "f1", "state": {}, "cost_upper_bound_usd": 1.0}
+    assert "batch_id" not in chunk_of(batch) and "cost_upper_bound_usd" not in chunk_of(batch)
     written = write_followup(chunk["requests_path"], ["r1"], retry_path(str(tmp_path), 0, 2))
     follow = followup_chunk(batch, 2, written)
     assert follow["requests_path"] == written.path and follow["num_requests"] == 1

@@ -16,6 +16,7 @@ from airflow_batch_provider.cost.__main__ import main
 from airflow_batch_provider.cost.advisor import duration, plan_workload, realtime_minutes, recommend
 from airflow_batch_provider.cost.estimate import (
     CostEstimate,
+    JobEstimate,
     UsageTally,
     check_budget,
     comparison_line,
@@ -39,17 +40,33 @@ def _no_env_pricing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(PRICING_FILE_ENV, raising=False)
 
 
-def _estimate(batch: float | None = 0.525, realtime: float | None = 1.05, model: str = "gpt-4o-mini") -> CostEstimate:
+def _estimate(
+    batch: float | None = 0.525,
+    realtime: float | None = 1.05,
+    model: str = "gpt-4o-mini",
+    output_tokens: int = 250_000,
+    output_basis: str = "max_tokens",
+) -> CostEstimate:
     return CostEstimate(
         model=model,
         requests=50_000,
         input_tokens=6_000_000,
-        output_tokens=250_000,
+        output_tokens=output_tokens,
         batch_usd=batch,
         realtime_usd=realtime,
         provider="openai",
         method="tiktoken o200k_base",
-        output_basis="max_tokens",
+        output_basis=output_basis,
+    )
+
+
+def _job(bound: float | None = 0.525, expected: float | None = 0.47, model: str = "gpt-4o-mini") -> JobEstimate:
+    """50,000 requests: 250,000 output tokens at max_tokens=5, 50,000 expected from the schema."""
+    return JobEstimate(
+        upper_bound=_estimate(bound, None if bound is None else bound * 2, model),
+        expected=_estimate(
+            expected, None if expected is None else expected * 2, model, 50_000, "response schema, ~1 tokens/answer"
+        ),
     )
 
 
@@ -82,13 +99,13 @@ def test_unknown_model_is_unpriced_unless_a_price_is_required() -> None:
 def test_price_override_dict_reaches_the_estimate() -> None:
     est = estimate_cost(
         ["abcd"] * 1000, "my-model", expected_output_tokens=1, pricing={"my-model": {"input": 1000, "output": 0}}
-    )
+    ).expected
     assert est.batch_usd == pytest.approx(1000 * 1 * 1000 / 2 / 1_000_000)
 
 
 def test_estimate_from_request_dicts() -> None:
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 5}
-    est = estimate_cost([body] * 1000, "gpt-4o-mini", exact=False)
+    est = estimate_cost([body] * 1000, "gpt-4o-mini", exact=False).upper_bound
     # 100 tokens of text + 4 per message + 3 priming, and max_tokens out.
     assert (est.requests, est.input_tokens, est.output_tokens) == (1000, 107_000, 5_000)
     assert est.batch_usd == pytest.approx((107_000 * 0.075 + 5_000 * 0.30) / 1_000_000)
@@ -115,19 +132,23 @@ def test_estimate_chunk_files(tmp_path: Path) -> None:
     spec = RequestSpec(provider="openai", model="gpt-4o-mini", system_prompt="Be brief.", params={"max_tokens": 5})
     chunks = _chunks(tmp_path, spec)
     assert len(chunks) == 3
-    est = estimate_chunks_cost(chunks, exact=False)
+    job = estimate_chunks_cost(chunks, exact=False)
+    est = job.upper_bound
     lines = [line for c in chunks for line in Path(c["requests_path"]).read_bytes().splitlines()]
     tally = count_request_tokens(lines, "gpt-4o-mini", exact=False)
     assert (est.requests, est.input_tokens, est.output_tokens) == (120, tally.input_tokens, 600)
     assert est.batch_usd == pytest.approx((tally.input_tokens * 0.075 + 600 * 0.30) / 1_000_000)
     assert est.output_basis == "max_tokens"
+    # No schema, nothing given: the expectation is the bound, and says so.
+    assert (job.expected.output_tokens, job.expected.batch_usd) == (est.output_tokens, est.batch_usd)
+    assert job.expected.output_basis.startswith("= upper bound: no response schema")
     with_expectation = estimate_chunks_cost(chunks, exact=False, expected_output_tokens=1)
-    assert with_expectation.output_tokens == 120
+    assert (with_expectation.expected.output_tokens, with_expectation.upper_bound.output_tokens) == (120, 600)
 
 
 def test_estimate_anthropic_chunks(tmp_path: Path) -> None:
     spec = RequestSpec(provider="anthropic", model="claude-haiku-4-5", params={"max_tokens": 16})
-    est = estimate_chunks_cost(_chunks(tmp_path, spec, rows=10, chunk_size=10))
+    est = estimate_chunks_cost(_chunks(tmp_path, spec, rows=10, chunk_size=10)).upper_bound
     assert est.provider == "anthropic"
     assert est.method == "approximation chars/3.5"
     assert est.output_tokens == 160
@@ -139,30 +160,50 @@ def test_estimate_of_no_chunks_is_an_error() -> None:
 
 
 def test_budget_guard_passes_under_the_limit_and_without_one() -> None:
-    check_budget(_estimate(), 0.53)
-    check_budget(_estimate(), "0.53")  # a rendered Param is a string
-    check_budget(_estimate(), None)
-    check_budget(_estimate(batch=None, realtime=None), None)
+    check_budget(_job(), 0.53)
+    check_budget(_job(), "0.53")  # a rendered Param is a string
+    check_budget(_job(), None)
+    check_budget(_job(bound=None, expected=None), None)
+    check_budget(_job(), 0.5, basis="expected")  # 0.47 expected, 0.525 at most
 
 
 def test_budget_guard_message_states_estimate_limit_and_what_to_do() -> None:
     with pytest.raises(CostLimitExceededError) as err:
-        check_budget(_estimate(), 0.0001)
+        check_budget(_job(), 0.0001)
     message = str(err.value)
-    assert message.startswith("Estimated batch cost $0.5250 exceeds max_cost_usd=$0.0001:")
+    assert message.startswith("Batch cost $0.5250 (upper bound) exceeds max_cost_usd=$0.0001:")
     assert "50,000 requests to gpt-4o-mini: 6,000,000 input tokens (tiktoken o200k_base)" in message
-    assert "250,000 output tokens (max_tokens)" in message
+    assert "expected $0.4700 batch / $0.9400 real-time with 50,000 output tokens (response schema" in message
+    assert "upper bound $0.5250 batch / $1.05 real-time with 250,000 output tokens (max_tokens)" in message
     assert "Nothing was uploaded" in message
+    assert "max_cost_basis" not in message  # the expected cost is over the limit too: no point suggesting it
     assert "raise max_cost_usd to at least $0.5250" in message
     assert "cheaper model" in message
     assert isinstance(err.value, InvalidInputError)
     assert (err.value.estimate_usd, err.value.limit_usd) == (0.525, 0.0001)
-    assert err.value.estimate["input_tokens"] == 6_000_000
+    assert err.value.estimate["upper_bound"]["input_tokens"] == 6_000_000
+
+
+def test_budget_guard_on_the_bound_points_at_the_expected_cost_when_that_fits() -> None:
+    """A limit set from last night's bill sits between the two figures: the message says how to use it."""
+    with pytest.raises(
+        CostLimitExceededError, match=r"guard on the expected cost \(\$0\.4700\) instead: max_cost_basis='expected'"
+    ):
+        check_budget(_job(), 0.5)
+    with pytest.raises(
+        CostLimitExceededError, match=r"^Batch cost \$0\.4700 \(expected\) exceeds max_cost_usd=\$0\.4000"
+    ):
+        check_budget(_job(), 0.4, basis="expected")
+
+
+def test_unknown_budget_basis_is_rejected() -> None:
+    with pytest.raises(InvalidInputError, match="max_cost_basis must be one of"):
+        check_budget(_job(), None, basis="actual")
 
 
 def test_budget_guard_needs_a_price() -> None:
     with pytest.raises(InvalidInputError, match="no price is known for llama") as err:
-        check_budget(_estimate(batch=None, realtime=None, model="llama"), 5)
+        check_budget(_job(bound=None, expected=None, model="llama"), 5)
     assert not isinstance(err.value, CostLimitExceededError)
 
 
@@ -179,20 +220,21 @@ def test_comparison_line_and_summary_rows() -> None:
         "batch vs real-time: $0.5250 with the batch API vs $1.05 in real time for the same 50,000 requests "
         "to gpt-4o-mini (saved $0.5250, 50%)"
     )
-    summary = cost_summary(actual, _estimate(batch=0.6))
-    assert summary["estimated_cost_usd"] == 0.6
+    summary = cost_summary(actual, upper_bound=0.6, expected=0.55)
+    assert (summary["cost_upper_bound_usd"], summary["cost_expected_usd"]) == (0.6, 0.55)
     assert (summary["actual_cost_usd"], summary["realtime_cost_usd"]) == (0.525, 1.05)
     assert summary["saved_usd"] == pytest.approx(0.525)
     assert summary["cost_comparison"] == line
     assert cost_rows(summary) == [
-        ("estimated cost", "$0.6000"),
-        ("actual cost", "$0.5250"),
+        ("expected cost", "$0.5500 (before submission)"),
+        ("cost upper bound", "$0.6000 (every answer at max_tokens)"),
+        ("actual cost", "$0.5250 (usage the provider reported)"),
         ("real-time cost", "$1.05"),
         ("batch vs real-time", line.removeprefix("batch vs real-time: ")),
     ]
     assert cost_rows({"rows": 1}) == []
-    assert cost_summary(actual, 0.7)["estimated_cost_usd"] == 0.7
-    assert cost_summary(actual)["estimated_cost_usd"] is None
+    assert cost_summary(actual, upper_bound=0.7)["cost_upper_bound_usd"] == 0.7
+    assert cost_summary(actual)["cost_expected_usd"] is None
 
 
 @pytest.mark.parametrize(
@@ -264,8 +306,9 @@ def test_cli_prints_costs_window_and_recommendation() -> None:
     out = out[next(i for i, line in enumerate(out) if line.startswith("Workload:")) :]
     assert out[0] == "Workload: 50,000 requests x (120 prompt + 5 output tokens) on gpt-4o-mini (openai)"
     assert out[1].split() == ["tokens", "6,000,000", "input", "+", "250,000", "output"]
-    assert out[2].split()[:3] == ["batch", "API", "$0.5250"] and "up to 24 h" in out[2]
-    assert out[3].split()[:3] == ["real-time", "API", "$1.05"] and "≈ 31 min at 200,000 tokens/min" in out[3]
+    assert out[2].split()[:4] == ["costs", "are", "expected", "at"] and "for an upper bound" in out[2]
+    assert out[3].split()[:3] == ["batch", "API", "$0.5250"] and "up to 24 h" in out[3]
+    assert out[4].split()[:3] == ["real-time", "API", "$1.05"] and "≈ 31 min at 200,000 tokens/min" in out[4]
     assert "saving         $0.5250 per run (50%) with batch" in done.stdout
     assert "5 request file(s) of up to 10,000 requests" in done.stdout
     assert out[-1].startswith("Recommendation: BATCH: async work at 50,000 requests/day")

@@ -22,8 +22,8 @@ import orjson
 import pytest
 
 from airflow_batch_provider.cost import tokens
+from airflow_batch_provider.cost.answers import DEFAULT_OUTPUT_TOKENS
 from airflow_batch_provider.cost.tokens import (
-    DEFAULT_OUTPUT_TOKENS,
     TokenCounter,
     count_request_tokens,
     estimate_input_tokens,
@@ -183,7 +183,7 @@ def test_embeddings_have_no_output_and_token_id_inputs_count_by_length() -> None
     [
         pytest.param({"prompt": "abcd", "max_tokens": 7}, None, 7, "max_tokens", id="max_tokens"),
         pytest.param({"prompt": "abcd", "max_completion_tokens": 9}, None, 9, "max_tokens", id="max_completion"),
-        pytest.param({"prompt": "abcd", "max_tokens": 7}, 2, 2, "expected_output_tokens=2", id="expectation-wins"),
+        pytest.param({"prompt": "abcd", "max_tokens": 7}, 2, 7, "max_tokens", id="expectation-keeps-the-bound"),
         pytest.param({"prompt": "abcd"}, None, DEFAULT_OUTPUT_TOKENS, "default 256/request", id="default"),
     ],
 )
