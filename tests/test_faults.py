@@ -165,6 +165,9 @@ def test_line_errors_are_resent_once_and_recover(batch_emulator, openai_conn, an
         assert m["attempts"] == (2 if m["custom_id"] in failing else 1)
         assert m["batch_id"] == (second if m["custom_id"] in failing else submitted["batch_id"])
     assert summary["retried_rows"] == summary["recovered_rows"] == len(failing)
+    # The summary's request counts are what the provider processed: first sends plus line retries.
+    assert (summary["batches"], summary["requests_sent"], summary["requests_resent"]) == (2, 60, len(failing))
+    assert batch_emulator.stats()[provider]["requests_processed"] == 60 + len(failing)
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
@@ -184,6 +187,9 @@ def test_line_errors_that_persist_use_every_retry_then_merge_judges(
         _merge(tmp_path, [completed])  # default max_failure_ratio 0.05 < len(failing) / 40
     assert f"{len(failing)} of 40 rows failed" in str(info.value)
     assert ("server_error" if provider == "openai" else "api_error") in str(info.value)
+    summary = info.value.summary
+    assert (summary["batches"], summary["requests_sent"], summary["requests_resent"]) == (3, 40, 80)
+    assert (summary["retried_rows"], summary["recovered_rows"]) == (40, 0)
     merged = _read(tmp_path)  # written before the error
     _assert_every_row_once(merged, rows)
     for m in merged:

@@ -76,7 +76,9 @@ class MergeStats:
     input_tokens: int = 0
     output_tokens: int = 0
     unmatched_results: int = 0
-    requests_sent: int = 0
+    requests_sent: int = 0  # requests in the chunks' first batches
+    requests_resent: int = 0  # ... plus these, sent again in follow-up batches (line retries)
+    batches: int = 0  # batches created, follow-ups included
     errors: Counter[str] = field(default_factory=Counter)  # "status/code: message" of every failed row
     carried_rows: int = 0  # unchanged rows whose stored result was kept (skip_unchanged)
     new_input_tokens: int = 0  # tokens of rows sent in this run (what this run pays for)
@@ -104,6 +106,8 @@ class MergeStats:
         self.new_output_tokens += other.new_output_tokens
         self.unmatched_results += other.unmatched_results
         self.requests_sent += other.requests_sent
+        self.requests_resent += other.requests_resent
+        self.batches += other.batches
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able summary."""
@@ -121,6 +125,8 @@ class MergeStats:
             "output_tokens": self.output_tokens,
             "unmatched_results": self.unmatched_results,
             "requests_sent": self.requests_sent,
+            "requests_resent": self.requests_resent,
+            "batches": self.batches,
         }
 
 
@@ -360,6 +366,8 @@ def merge_chunk(
         validator = OutputValidator.from_file(batch["schema_path"], set(rows.column_names) | set(RESULT_COLUMNS))
     table, stats = join_results(rows, chunk, first_batch_id, batch["endpoint"], validator)
     stats.requests_sent = batch["num_requests"]
+    stats.requests_resent = chunk.resent.num_rows
+    stats.batches = len(chunk_attempts(batch))
     stats.carried_rows = int(batch.get("num_carried", 0))
     if stats.unmatched_results:
         log.warning(
@@ -391,15 +399,18 @@ def remove_stale_parts(output_dir: str, keep: Sequence[str]) -> list[str]:
     return removed
 
 
-def format_summary_table(summary: dict[str, Any]) -> str:
-    """Render a merge summary as a small aligned text table for the task log."""
+def format_summary_table(summary: dict[str, Any], extra: Sequence[tuple[str, str]] = ()) -> str:
+    """Render a merge summary (plus ``extra`` rows, e.g. the demo's) as a small aligned text table."""
     rows: list[tuple[str, str]] = [
         ("rows", f"{summary['rows']:,}"),
         ("chunks", f"{summary['chunks']:,}"),
+        ("batches", f"{summary.get('batches', 0):,} (follow-ups included)"),
         ("requests sent", f"{summary['requests_sent']:,}"),
     ]
-    if summary.get("carried_rows"):
-        rows.append(("unchanged (kept)", f"{summary['carried_rows']:,}"))
+    if summary.get("requests_resent"):
+        rows.append(("requests resent", f"{summary['requests_resent']:,} (line retries, in follow-up batches)"))
+    # Always shown: a rerun that sends nothing must say why (rows kept from an earlier run).
+    rows.append(("rows carried", f"{summary.get('carried_rows', 0):,} (stored results of an earlier run, not sent)"))
     rows += [(f"status {name}", f"{count:,}") for name, count in summary["statuses"].items()]
     if summary.get("retried_rows"):
         rows.append(("rows retried", f"{summary['retried_rows']:,} ({summary.get('recovered_rows', 0):,} recovered)"))
@@ -411,5 +422,6 @@ def format_summary_table(summary: dict[str, Any]) -> str:
     rows += cost_rows(summary)
     if summary.get("output"):
         rows.append(("output", str(summary["output"])))
+    rows += extra
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
