@@ -3,13 +3,21 @@
 Everything stays inside the repository: AIRFLOW_HOME in ``.airflow/demo`` (SQLite), data and
 output in ``.demo/``. The emulator runs on a free loopback port for the duration of the run.
 The last line printed is ``output: <path>`` (the merged parquet dataset).
+
+Each demo configuration (backend, rows, emulator switches, cost limit) has its own output folder,
+so a demo shows what it is run for whatever ran before: the example DAG skips rows whose stored
+result in *its* folder has the same request (``skip_unchanged``), so rerunning the same
+configuration sends nothing, and another configuration starts from nothing. The summary is the
+merge task's own (``_SUMMARY.json``), plus how many rows were carried over and how to start fresh.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -17,8 +25,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from airflow_batch_provider.results.merge import format_summary_table
 
 REPO = Path(__file__).resolve().parent.parent
+FRESH_START = "make clean (removes .demo/ and .airflow/), or delete the output folder above"
 DAG_IDS = {
     "openai": "nightly_product_classification",
     "anthropic": "nightly_product_classification",
@@ -65,8 +77,16 @@ def _start_emulator(env: dict[str, str], extra_args: str, run_dir: Path) -> tupl
     raise SystemExit("the emulator did not start within 30 s")
 
 
-def _usd(value: object) -> str:
-    return "unknown (model not in the pricing table)" if value is None else f"${float(value):,.4f}"  # type: ignore[arg-type]
+def output_folder(root: Path, backend: str, rows: int, emulator_args: str, max_cost_usd: float | None) -> Path:
+    """Return the output folder of one demo configuration (a rerun of the same one finds its results)."""
+    name = f"{DAG_IDS[backend]}-{backend}-{rows}-rows"
+    extras = " ".join(shlex.split(emulator_args))
+    if max_cost_usd is not None:
+        extras += f" max-cost-usd {max_cost_usd:g}"
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", extras).strip("-")
+    if len(slug) > 60:  # keep paths short; the hash still tells configurations apart
+        slug = f"{slug[:40]}-{hashlib.sha256(extras.encode()).hexdigest()[:12]}"
+    return root / (f"{name}-{slug}" if slug else name)
 
 
 def _run_streaming(cmd: list[str], env: dict[str, str]) -> tuple[int, dict[str, str]]:
@@ -78,6 +98,10 @@ def _run_streaming(cmd: list[str], env: dict[str, str]) -> tuple[int, dict[str, 
             sys.stdout.write(line)
             if "Cost estimate:" in line and "estimate" not in notable:
                 notable["estimate"] = line.split("Cost estimate:", 1)[1].strip()
+            if "skip_unchanged:" in line and "carried" not in notable:
+                match = re.search(r"skip_unchanged: ([\d,]+) of ([\d,]+) rows", line)
+                if match:
+                    notable["carried"] = match.group(1)
             if "CostLimitExceededError" in line or "exceeds max_cost_usd" in line:
                 text = line.split("Error:", 1)[-1].strip()
                 if "exceeds max_cost_usd" in text:
@@ -85,7 +109,7 @@ def _run_streaming(cmd: list[str], env: dict[str, str]) -> tuple[int, dict[str, 
         return proc.wait(), notable
 
 
-def _stats(port: int) -> dict[str, object]:
+def _stats(port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/_emulator/stats", timeout=10) as resp:
         return json.loads(resp.read())
 
@@ -95,12 +119,13 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=50_000)
     parser.add_argument("--backend", default="openai", choices=sorted(DAG_IDS))
     parser.add_argument("--emulator-args", default="")
-    parser.add_argument("--max-cost-usd", type=float, default=None, help="fail before upload above this estimate")
+    parser.add_argument("--max-cost-usd", type=float, default=None, help="fail before upload above the upper bound")
     args = parser.parse_args()
 
     home = REPO / ".airflow" / "demo"
     data_dir = REPO / ".demo" / "data"
-    output_dir = REPO / ".demo" / "output" / f"{DAG_IDS[args.backend]}-{args.backend}"
+    outputs = REPO / ".demo" / "output"
+    output_dir = output_folder(outputs, args.backend, args.rows, args.emulator_args, args.max_cost_usd)
     run_dir = REPO / ".demo" / "run"
     for folder in (home, data_dir, run_dir):
         folder.mkdir(parents=True, exist_ok=True)
@@ -138,7 +163,6 @@ def main() -> int:
         returncode, notable = _run_streaming(
             [airflow, "dags", "test", DAG_IDS[args.backend], "-c", json.dumps(conf)], env
         )
-        elapsed = time.time() - started
         after = _stats(port)
     finally:
         os.killpg(emulator.pid, signal.SIGTERM)
@@ -147,44 +171,36 @@ def main() -> int:
     summary_file = output_dir / "_SUMMARY.json"
     failed = returncode != 0 or not summary_file.exists() or summary_file.stat().st_mtime < started
     if failed or notable.get("error"):
-        print(f"\ndemo FAILED (airflow dags test exit code {returncode}); see the task logs above", flush=True)
-        if notable.get("error"):
-            print(f"  reason           {notable['error']}")
-        uploaded = int(after["openai"]["files_uploaded"]) - int(before["openai"]["files_uploaded"])  # type: ignore[index]
-        created = sum(
-            int(after[p]["batches_created"]) - int(before[p]["batches_created"])  # type: ignore[index]
-            for p in ("openai", "anthropic")
-        )
-        print(f"  files uploaded   {uploaded:,}")
-        print(f"  batches created  {created:,}")
+        print_failure(returncode, notable, before, after, output_dir)
         return 1
-    summary = json.loads(summary_file.read_text())
-    if args.backend == "server":  # requests that reached the realtime handlers (injected faults not counted)
-        sent = int(after["realtime"]["requests"]) - int(before["realtime"]["requests"])  # type: ignore[index]
-        provider = "server (emulator realtime routes, OpenAI-compatible)"
-    else:
-        counters = (after[args.backend], before[args.backend])
-        sent = int(counters[0]["requests_processed"]) - int(counters[1]["requests_processed"])  # type: ignore[index]
-        batches = int(counters[0]["batches_created"]) - int(counters[1]["batches_created"])  # type: ignore[index]
-        provider = f"{args.backend} (emulator: {batches} batch(es) created)"
-    print("\n==> demo summary")
-    print(f"  rows             {summary['rows']:,}")
-    print(f"  chunks           {summary['chunks']:,}")
-    print(f"  provider         {provider}")
-    print(f"  requests sent    {sent:,}")
-    for status, count in summary["statuses"].items():
-        print(f"  {status:<16} {count:,}")
-    print(f"  input tokens     {summary['input_tokens']:,}")
-    print(f"  output tokens    {summary['output_tokens']:,}")
-    if summary.get("carried_rows"):
-        print(f"  unchanged rows   {summary['carried_rows']:,} (stored results kept, not sent again)")
-    if "estimated_cost_usd" in summary:
-        print(f"  estimated cost   {_usd(summary['estimated_cost_usd'])} (before submission)")
-        print(f"  actual cost      {_usd(summary['actual_cost_usd'])} (from the usage the provider reported)")
-        print(f"  {summary.get('cost_comparison', '')}")
-    print(f"  wall time        {elapsed:.1f} s")
+    print_summary(json.loads(summary_file.read_text()), args.backend, time.time() - started)
     print(f"output: {output_dir}")
     return 0
+
+
+def print_failure(
+    returncode: int, notable: dict[str, str], before: dict[str, Any], after: dict[str, Any], output_dir: Path
+) -> None:
+    """Say why the run failed and what reached the emulator (nothing, when the cost guard stopped it)."""
+    print(f"\ndemo FAILED (airflow dags test exit code {returncode}); see the task logs above", flush=True)
+    if notable.get("error"):
+        print(f"  reason           {notable['error']}")
+    uploaded = int(after["openai"]["files_uploaded"]) - int(before["openai"]["files_uploaded"])
+    created = sum(int(after[p]["batches_created"]) - int(before[p]["batches_created"]) for p in ("openai", "anthropic"))
+    print(f"  files uploaded   {uploaded:,}")
+    print(f"  batches created  {created:,}")
+    carried = notable.get("carried", "0")
+    print(f"  rows carried     {carried} (stored results of an earlier run of this configuration)")
+    print(f"  start fresh      {FRESH_START}")
+    print(f"output: {output_dir}")
+
+
+def print_summary(summary: dict[str, object], backend: str, elapsed: float) -> None:
+    """Print the merge task's summary (the figures it logged, from _SUMMARY.json) and the demo's own lines."""
+    print("\n==> demo summary (the merge task's, from _SUMMARY.json)")
+    where = "server (emulator realtime routes, OpenAI-compatible)" if backend == "server" else f"{backend} (emulator)"
+    extra = [("provider", where), ("wall time", f"{elapsed:.1f} s"), ("start fresh", FRESH_START)]
+    print(format_summary_table({**summary, "output": ""}, extra))
 
 
 if __name__ == "__main__":
