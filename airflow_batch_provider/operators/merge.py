@@ -130,11 +130,7 @@ class MergeResultsOperator(BaseOperator):
             self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
         summary = {
             **total.to_dict(),
-            **cost_summary(
-                usage.cost(self.pricing),
-                _chunk_sum(batches, "cost_upper_bound_usd"),
-                _chunk_sum(batches, "cost_expected_usd"),
-            ),
+            **cost_summary(usage.cost(self.pricing), *_estimated_costs(batches)),
             "output": str(self.output_dir),
             "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
         }
@@ -174,10 +170,13 @@ class MergeResultsOperator(BaseOperator):
                 }
 
 
-def _chunk_sum(batches: list[dict[str, Any]], key: str) -> float | None:
-    """Return the chunks' ``key`` added up (None when any chunk lacks it: an unpriced model)."""
-    values = [b.get(key) for b in batches]
-    return None if any(v is None for v in values) else float(sum(values))  # type: ignore[arg-type]
+def _estimated_costs(batches: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """Return the chunks' pre-submit (upper bound, expected) batch costs added up; None where one is unpriced."""
+    sums: list[float | None] = []
+    for key in ("cost_upper_bound_usd", "cost_expected_usd"):
+        values = [b.get(key) for b in batches]
+        sums.append(None if any(v is None for v in values) else float(sum(values)))  # type: ignore[arg-type]
+    return sums[0], sums[1]
 
 
 def _too_many_failures_message(over: list[dict[str, Any]], limit: float | None, num_chunks: int) -> str:
