@@ -74,3 +74,12 @@ def test_mapped_tasks_are_named_after_their_chunk():
         wait = BatchCompleteSensor.partial(task_id="wait").expand(batch=[{"label": "chunk 1/1"}])
     assert submit.partial_kwargs["map_index_template"] == "{{ task.chunk['label'] }}"
     assert wait.partial_kwargs["map_index_template"] == "{{ task.batch['label'] }}"
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_connection_that_cannot_be_read_gives_no_link_instead_of_failing(monkeypatch, provider):
+    """The link is cosmetic: a sensor finishing its batch must not fail because of it."""
+    monkeypatch.delenv(f"AIRFLOW_CONN_{provider.upper()}_BATCH_DEFAULT", raising=False)
+    assert get_batch_hook(provider).batch_url("batch_1") is None  # no such connection
+    monkeypatch.setenv(f"AIRFLOW_CONN_{provider.upper()}_BATCH_DEFAULT", json.dumps({"conn_type": f"{provider}_batch"}))
+    assert get_batch_hook(provider).batch_url("batch_1") is None  # no API key

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import anthropic
 import httpx2
 import orjson
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_batch_provider.chunking.limits import ANTHROPIC_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
@@ -257,4 +258,8 @@ class AnthropicBatchHook(BatchHook):
 
     def batch_url(self, batch_id: str) -> str | None:
         """Link to the batch in the Anthropic console; None when the connection points elsewhere."""
-        return console_url("anthropic", str(self.client.base_url), batch_id)
+        try:  # a link never fails a task: no connection or no key gives no link
+            base_url = str(self.client.base_url)
+        except (AirflowNotFoundException, anthropic.AnthropicError):
+            return None
+        return console_url("anthropic", base_url, batch_id)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import httpx2
 import openai
+from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_batch_provider.batches.token_budget import tokens_from_metadata
 from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
@@ -328,4 +329,8 @@ class OpenAIBatchHook(BatchHook):
 
     def batch_url(self, batch_id: str) -> str | None:
         """Link to the batch in the OpenAI platform console; None when the connection points elsewhere."""
-        return console_url("openai", str(self.client.base_url), batch_id)
+        try:  # a link never fails a task: no connection or no key gives no link
+            base_url = str(self.client.base_url)
+        except (AirflowNotFoundException, openai.OpenAIError):
+            return None
+        return console_url("openai", base_url, batch_id)
