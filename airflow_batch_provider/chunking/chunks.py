@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
+from airflow_batch_provider.chunking.min_records import needs_rebalance, rebalance_tail
 from airflow_batch_provider.chunking.requests import RenderedRequests, RequestSpec, renderer_for
 from airflow_batch_provider.chunking.tables import (  # TableReader and these names used to live here: still importable
     CUSTOM_ID,
@@ -223,6 +224,8 @@ def build_chunks(
         _report_duplicates(hashes, reader, selected, limits, id_column, problems)
         problems.raise_if_any(f"The table {reader.source}")
         chunks = writer.finish()
+        if needs_rebalance([chunk.num_requests for chunk in chunks], limits):
+            chunks = _rebalance_tail(staging, chunks, limits, byte_cap)
 
         descriptors = _descriptors(job, spec, chunks)
         with (staging / MANIFEST_NAME).open("wb") as handle:
@@ -249,9 +252,13 @@ def build_chunks(
 # ------------------------------------------------------------------------------------------- ids
 
 
-def derive_custom_id(user_id: str) -> str:
-    """Return the stable Anthropic-compliant id used for a user id that does not fit ``[a-zA-Z0-9_-]{1,64}``."""
-    return "h-" + hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:40]
+def derive_custom_id(user_id: str, separator: str = "-") -> str:
+    """Return the stable provider-compliant id used for a user id that does not fit the provider's pattern.
+
+    ``h-`` + 40 hex fits Anthropic's ``[a-zA-Z0-9_-]{1,64}``; Bedrock record ids are alphanumeric,
+    so there the separator is empty (``h`` + 40 hex).
+    """
+    return "h" + separator + hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:40]
 
 
 class _IdBuilder:
@@ -264,6 +271,8 @@ class _IdBuilder:
         self.derived = 0
         pattern = limits.custom_id_pattern
         self._regex = None if pattern is None else f"^(?:{pattern.pattern})$"
+        # Providers whose ids are alphanumeric only (Bedrock) get derived and hashed ids without a dash.
+        self._sep = "-" if pattern is None or pattern.fullmatch("h-0") else ""
 
     def user_ids(self, batch: pa.RecordBatch) -> pa.Array:
         """Return the id column as text (only with an id_column)."""
@@ -296,7 +305,7 @@ class _IdBuilder:
             misfit = pc.invert(pc.fill_null(pc.match_substring_regex(user, self._regex), True))
             misfits = np.asarray(pc.indices_nonzero(misfit))
             if misfits.size:
-                derived = [derive_custom_id(value) for value in user.take(misfits).to_pylist()]
+                derived = [derive_custom_id(value, self._sep) for value in user.take(misfits).to_pylist()]
                 ids = pc.replace_with_mask(ids, misfit, pa.array(derived, pa.string()))
             self.derived += int(misfits.size)
             if misfits.size and name == CUSTOM_ID:
@@ -314,8 +323,8 @@ class _IdBuilder:
     def _hash_ids(self, batch: pa.RecordBatch) -> list[str]:
         # Hash the values' text forms so the same data read from csv, jsonl or parquet gets the same ids.
         columns = [to_string_array(batch.column(name)).to_pylist() for name in self.hash_columns]
-        dumps, blake2b = orjson.dumps, hashlib.blake2b
-        return ["row-" + blake2b(dumps(values), digest_size=8).hexdigest() for values in zip(*columns)]
+        dumps, blake2b, prefix = orjson.dumps, hashlib.blake2b, "row" + self._sep
+        return [prefix + blake2b(dumps(values), digest_size=8).hexdigest() for values in zip(*columns)]
 
 
 def _id_hashes(custom_ids: pa.Array) -> np.ndarray:
@@ -523,6 +532,20 @@ def _write_chunk_files(
         # and no dictionary pages (they cost time; zstd keeps repeated values small anyway).
         pq.write_table(table, handle, compression="zstd", use_dictionary=False, write_statistics=False)
     return digest.hexdigest()
+
+
+def _rebalance_tail(
+    folder: storage.AnyPath, chunks: list[_WrittenChunk], limits: ProviderLimits, byte_cap: int
+) -> list[_WrittenChunk]:
+    """Merge or even out a last chunk under the provider's minimum (see :mod:`.min_records`)."""
+    *head, previous, last = chunks
+
+    def files(index: int) -> tuple[storage.AnyPath, storage.AnyPath]:
+        return folder / f"chunk-{index:05d}.jsonl", folder / f"chunk-{index:05d}.rows.parquet"
+
+    new = rebalance_tail(files(previous.index), files(last.index), limits, byte_cap)
+    rewritten = [_WrittenChunk(previous.index + i, count, size, sha) for i, (count, size, sha) in enumerate(new)]
+    return [*head, *rewritten]
 
 
 def _descriptors(job: storage.AnyPath, spec: RequestSpec, chunks: list[_WrittenChunk]) -> list[ChunkDescriptor]:

@@ -19,6 +19,8 @@ class ProviderLimits:
     endpoints: frozenset[str]
     custom_id_pattern: re.Pattern[str] | None = None  # None: any non-empty string
     max_custom_id_chars: int | None = None  # None: no length limit beyond the pattern
+    # Fewest requests one batch may hold (Bedrock: 100 records per job); see chunking/min_records.py.
+    min_requests: int = 1
 
     def check_custom_id(self, custom_id: str) -> bool:
         """Return True when the provider accepts ``custom_id`` as-is."""
@@ -49,7 +51,23 @@ ANTHROPIC_LIMITS = ProviderLimits(
     custom_id_pattern=re.compile(r"[a-zA-Z0-9_-]{1,64}"),
 )
 
-PROVIDER_LIMITS: dict[str, ProviderLimits] = {lim.provider: lim for lim in (OPENAI_LIMITS, ANTHROPIC_LIMITS)}
+# Amazon Bedrock batch inference (service quotas, default values; some are adjustable per account
+# and model): 100 to 50,000 records per job and per input file, 1 GB per input file, 5 GB per job.
+# We write one input file per job, so the file caps bind. Record ids: alphanumeric (the docs' own
+# examples are 11 characters; longer ones are accepted) -- ids that do not fit are derived as for Anthropic.
+BEDROCK_LIMITS = ProviderLimits(
+    provider="bedrock",
+    max_requests=50_000,
+    max_bytes=1024 * MB,
+    default_byte_cap=1000 * MB,
+    endpoints=frozenset({"/model/invoke"}),
+    custom_id_pattern=re.compile(r"[a-zA-Z0-9]{1,64}"),
+    min_requests=100,
+)
+
+PROVIDER_LIMITS: dict[str, ProviderLimits] = {
+    lim.provider: lim for lim in (OPENAI_LIMITS, ANTHROPIC_LIMITS, BEDROCK_LIMITS)
+}
 
 
 def limits_for(provider: str) -> ProviderLimits:

@@ -38,13 +38,15 @@ CHAT_COMPLETIONS = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
 COMPLETIONS = "/v1/completions"
 MESSAGES = "/v1/messages"
+BEDROCK_INVOKE = "/model/invoke"  # Bedrock batch jobs of modelInvocationType InvokeModel
 
 #: Endpoints each provider's renderer can write, in the order error messages list them.
 SUPPORTED_ENDPOINTS: dict[str, tuple[str, ...]] = {
     "openai": (CHAT_COMPLETIONS, EMBEDDINGS, COMPLETIONS),
     "anthropic": (MESSAGES,),
+    "bedrock": (BEDROCK_INVOKE,),
 }
-DEFAULT_ENDPOINTS: dict[str, str] = {"openai": CHAT_COMPLETIONS, "anthropic": MESSAGES}
+DEFAULT_ENDPOINTS: dict[str, str] = {"openai": CHAT_COMPLETIONS, "anthropic": MESSAGES, "bedrock": BEDROCK_INVOKE}
 
 # Keys the renderer writes itself; a caller setting them in ``params`` is a mistake.
 _OPENAI_RESERVED = frozenset({"model", "messages", "input", "prompt", "stream"})
@@ -143,6 +145,10 @@ class RequestSpec:
             object.__setattr__(self, "schema_from_model", from_model)
         if self.provider == "openai":
             self._check_openai_params()
+        elif self.provider == "bedrock":
+            from airflow_batch_provider.chunking.bedrock_requests import check_bedrock_params
+
+            check_bedrock_params(self)
         else:
             self._check_anthropic_params()
         check_model_endpoint(self.model, endpoint)
@@ -459,6 +465,10 @@ _RENDERERS: dict[str, type[RequestRenderer]] = {"openai": OpenAIRenderer, "anthr
 
 def renderer_for(spec: RequestSpec) -> RequestRenderer:
     """Return the renderer for ``spec``'s provider."""
+    if spec.provider == "bedrock":  # its module builds on this one: imported here, not at the top
+        from airflow_batch_provider.chunking.bedrock_requests import BedrockRenderer
+
+        return BedrockRenderer(spec)
     return _RENDERERS[spec.provider](spec)
 
 

@@ -146,6 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="'METHOD /path=SECONDS'",
         help="run matching calls, then hold the answer SECONDS (repeatable)",
     )
+    parser.add_argument("--s3-endpoint-url", default=None, help="S3 endpoint of Bedrock job data (default: moto)")
+    parser.add_argument("--bedrock-min-records", type=int, default=100, help="Bedrock records-per-job minimum")
     parser.add_argument("--quiet", action="store_true", help="do not log batch state changes")
     return parser
 
@@ -184,7 +186,13 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         delay_after_routes=parse_route_delays(args.delay_after_route, "--delay-after-route"),
     )
     return EmulatorConfig(
-        host=args.host, port=args.port, latency=args.latency, realtime_delay=args.realtime_delay, faults=faults
+        host=args.host,
+        port=args.port,
+        latency=args.latency,
+        realtime_delay=args.realtime_delay,
+        faults=faults,
+        s3_endpoint_url=args.s3_endpoint_url,
+        bedrock_min_records=args.bedrock_min_records,
     )
 
 

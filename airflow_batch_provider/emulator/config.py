@@ -25,6 +25,9 @@ class EmulatorConfig:
     faults: Faults = field(default_factory=Faults)
     slice_size: int = 1000
     max_upload_bytes: int = 512 * MB
+    # Bedrock jobs read and write S3 here; None starts moto's server on 127.0.0.1 on first use.
+    s3_endpoint_url: str | None = None
+    bedrock_min_records: int = 100  # Bedrock's "minimum number of records per batch inference job"
 
     def __post_init__(self) -> None:
         if self.latency < 0 or self.realtime_delay < 0:

@@ -28,6 +28,7 @@ import orjson
 
 from airflow_batch_provider.emulator.anthropic_api import AnthropicApi
 from airflow_batch_provider.emulator.anthropic_batch import AnthropicRunner
+from airflow_batch_provider.emulator.bedrock_api import BedrockApi, bedrock_error, is_bedrock_path
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.engine import Engine
 from airflow_batch_provider.emulator.faults import Faults
@@ -200,10 +201,12 @@ class BatchEmulator:
         openai_runner = OpenAIRunner(self.store, self.config.latency, self.config.slice_size)
         anthropic_runner = AnthropicRunner(self.store, self.config.latency, self.config.slice_size)
         self.engine = Engine(self.store, openai_runner, anthropic_runner)
+        self.bedrock = BedrockApi(self.store, self.config)  # owns its job worker and S3 endpoint
         self._routes: list[_Route] = []
         for method, pattern, handler in [
             *OpenAIApi(self.store, openai_runner, self.config).routes(),
             *AnthropicApi(self.store, anthropic_runner, self.config).routes(),
+            *self.bedrock.routes(),
         ]:
             self._routes.append((method, re.compile(pattern), handler))
         self._server: _Server | None = None
@@ -241,6 +244,7 @@ class BatchEmulator:
             self._thread.join(timeout=5)
             self._thread = None
         self.engine.stop()
+        self.bedrock.close()
 
     def __enter__(self) -> BatchEmulator:
         return self.start()
@@ -277,6 +281,11 @@ class BatchEmulator:
         """``http://HOST:PORT`` (no ``/v1``: the Anthropic SDK adds it)."""
         return self.url
 
+    @property
+    def s3_endpoint_url(self) -> str:
+        """The S3 endpoint Bedrock jobs use (starts moto's server on first use when none was configured)."""
+        return self.bedrock.s3.url
+
     # control ----------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
@@ -286,6 +295,7 @@ class BatchEmulator:
     def reset(self) -> None:
         """Forget every file, batch and counter; faults go back to the start-up settings."""
         self.store.reset()
+        self.bedrock.runner.reset()
 
     def set_faults(self, **settings: Any) -> Faults:
         """Replace the fault settings (fields not given go back to off) and return them."""
@@ -308,6 +318,7 @@ class BatchEmulator:
         """Answer one request on ``handler``."""
         path, _, qs = handler.path.partition("?")
         family: ErrorFactory = anthropic_error if path.startswith("/v1/messages") else openai_error
+        family = bedrock_error if is_bedrock_path(path) else family
         try:
             body = handler.read_body(self.config.max_upload_bytes)
         except ValueError:
@@ -328,7 +339,8 @@ class BatchEmulator:
         self.store.bump("http", "requests")
         auth = req.headers.get("Authorization", "")
         bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-        if not bearer and not req.headers.get("x-api-key", "").strip():
+        signed = auth.startswith("AWS4-HMAC-SHA256 ")  # boto3 signs with SigV4 (Bedrock routes)
+        if not bearer and not signed and not req.headers.get("x-api-key", "").strip():
             return family(401, "authentication_error", "Missing or empty API key.").response()
         fault = self.store.dice.pick(self.store.faults)
         if fault == "drop":

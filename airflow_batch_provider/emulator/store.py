@@ -19,7 +19,7 @@ import orjson
 from airflow_batch_provider.emulator.faults import Faults, HttpDice
 from airflow_batch_provider.emulator.records import AnthropicBatch, OpenAIBatch, StoredFile
 
-_SECTIONS = ("openai", "anthropic", "realtime", "http")
+_SECTIONS = ("openai", "anthropic", "bedrock", "realtime", "http")
 
 
 class Store:
