@@ -54,13 +54,49 @@ _OPENAI_COMPATIBLE_FIELDS: dict[str, Any] = {
     },
 }
 
+_BEDROCK_FIELDS: dict[str, Any] = {
+    "region_name": {
+        "label": "Region",
+        "schema": {"type": ["string", "null"]},
+        "description": "AWS region of the Bedrock jobs and S3 buckets, e.g. us-east-1.",
+    },
+    "role_arn": {
+        "label": "Service role ARN",
+        "schema": {"type": ["string", "null"]},
+        "description": "IAM role Bedrock assumes to read the input and write the output prefix "
+        "(arn:aws:iam::<account>:role/<name>). Not a role to assume for credentials.",
+    },
+    "input_s3_uri": {
+        "label": "Input S3 prefix",
+        "schema": {"type": ["string", "null"]},
+        "description": "Where chunk files are uploaded, e.g. s3://my-bucket/bedrock/input.",
+    },
+    "output_s3_uri": {
+        "label": "Output S3 prefix",
+        "schema": {"type": ["string", "null"]},
+        "description": "Where Bedrock writes results, e.g. s3://my-bucket/bedrock/output.",
+    },
+    "endpoint_url": {
+        "label": "Bedrock endpoint URL",
+        "schema": {"type": ["string", "null"]},
+        "description": "Optional: the bedrock (and bedrock-runtime) endpoint, e.g. a VPC endpoint or the emulator. "
+        "Empty means the region's public endpoint.",
+    },
+    "s3_endpoint_url": {
+        "label": "S3 endpoint URL",
+        "schema": {"type": ["string", "null"]},
+        "description": "Optional: the S3 endpoint. Empty means the region's public endpoint.",
+    },
+}
+
 
 def get_provider_info() -> dict[str, Any]:
     """Return the provider description Airflow registers (hooks, triggers, connection types)."""
     return {
         "package-name": "airflow-batch-provider",
         "name": "LLM Batch Inference",
-        "description": "Batch LLM inference through provider batch APIs (OpenAI, Anthropic) and self-hosted vLLM.",
+        "description": "Batch LLM inference through provider batch APIs (OpenAI, Anthropic, Amazon Bedrock) "
+        "and self-hosted vLLM.",
         "versions": ["0.1.0"],
         "integrations": [
             {
@@ -76,6 +112,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.hooks.base",
                     "airflow_batch_provider.hooks.openai_batch",
                     "airflow_batch_provider.hooks.anthropic_batch",
+                    "airflow_batch_provider.hooks.bedrock_batch",
                     "airflow_batch_provider.hooks.openai_compatible",
                     "airflow_batch_provider.hooks.local_results",
                 ],
@@ -128,6 +165,17 @@ def get_provider_info() -> dict[str, Any]:
                     "placeholders": {"host": "https://api.anthropic.com"},
                 },
                 "conn-fields": _ANTHROPIC_FIELDS,
+            },
+            {
+                "hook-class-name": "airflow_batch_provider.hooks.bedrock_batch.BedrockBatchHook",
+                "hook-name": "Amazon Bedrock Batch Inference",
+                "connection-type": "bedrock_batch",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "port", "host"],
+                    "relabeling": {"login": "AWS Access Key ID (optional)", "password": "AWS Secret Access Key"},
+                    "placeholders": {"login": "empty: boto3's credential chain (role, profile, environment)"},
+                },
+                "conn-fields": _BEDROCK_FIELDS,
             },
             {
                 "hook-class-name": "airflow_batch_provider.hooks.openai_compatible.OpenAICompatibleHook",

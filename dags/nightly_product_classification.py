@@ -5,12 +5,12 @@ table ─► chunk (JSONL files, 10,000 requests each) ─► submit (one mapped
 
 Each answer is structured output — ``{"label": <one of LABELS>, "confidence": 0..1}`` — validated
 at merge time and written as the ``label`` and ``confidence`` columns. The same DAG runs on the
-OpenAI Batch API or Anthropic Message Batches: set the ``provider`` Param; the chunk files,
-checkpoints and merged schema stay the same.
+OpenAI Batch API, Anthropic Message Batches or Amazon Bedrock batch inference: set the
+``provider`` Param; the chunk files, checkpoints and merged schema stay the same.
 
-Run it offline against the bundled emulator with ``make demo`` (``make demo BACKEND=anthropic``),
-or against the real APIs by pointing the ``openai_batch_default`` / ``anthropic_batch_default``
-connection at them (see README). Unpausing starts a scheduled run of the default 100 rows at once
+Run it offline against the bundled emulator with ``make demo`` (``make demo BACKEND=anthropic``,
+``make demo BACKEND=bedrock``), or against the real APIs by pointing the ``openai_batch_default`` /
+``anthropic_batch_default`` / ``bedrock_batch_default`` connection at them (see README). Unpausing starts a scheduled run of the default 100 rows at once
 (``catchup=False``: the latest day), then one a day; larger jobs run only when triggered with a
 larger ``rows``. Every Param can be overridden with
 ``airflow dags test nightly_product_classification -c '{"rows": 5000, "provider": "anthropic"}'``.
@@ -57,7 +57,11 @@ def alert_on_failure(context: dict[str, Any]) -> None:
     ti.log.error("ALERT %s.%s[%s]: %s — %s", ti.dag_id, ti.task_id, ti.map_index, kind, error)
 
 
-DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-5-5"}
+DEFAULT_MODELS = {
+    "openai": "gpt-4o-mini",
+    "anthropic": "claude-haiku-5-5",
+    "bedrock": "anthropic.claude-3-5-haiku-20241022-v1:0",
+}
 
 PROMPT = (
     "Classify this product into exactly one category.\n"
@@ -96,8 +100,15 @@ with DAG(
             minimum=1,
             description=f"Synthetic products to generate. Scheduled runs use the default ({SCHEDULED_ROWS}).",
         ),
-        "provider": Param("openai", enum=["openai", "anthropic"], description="Batch API to use."),
-        "model": Param("", type="string", description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-5-5 (Anthropic)."),
+        "provider": Param(
+            "openai", enum=["openai", "anthropic", "bedrock"], description="Batch API to use (bedrock: Amazon Bedrock)."
+        ),
+        "model": Param(
+            "",
+            type="string",
+            description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-5-5 (Anthropic) / "
+            "anthropic.claude-3-5-haiku-20241022-v1:0 (Bedrock).",
+        ),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
         "output_dir": Param("", type="string", description="Output dataset folder; empty: under data_dir."),
         "conn_id": Param("", type="string", description="Empty: the provider hook's default connection."),
@@ -110,7 +121,8 @@ with DAG(
             type="integer",
             minimum=1,
             maximum=100_000,
-            description="Requests per batch (OpenAI: at most 50,000). Keep chunks ≤ [core] max_map_length (1,024).",
+            description="Requests per batch (OpenAI and Bedrock: at most 50,000). "
+            "Keep chunks ≤ [core] max_map_length (1,024).",
         ),
     },
     user_defined_macros={"default_models": DEFAULT_MODELS},

@@ -2,7 +2,8 @@
 
 Everything stays inside the repository: AIRFLOW_HOME in ``.airflow/demo`` (SQLite), data and
 output in ``.demo/``. The emulator runs on a free loopback port for the duration of the run.
-The last line printed is ``output: <path>`` (the merged parquet dataset).
+The last line printed is ``output: <path>`` (the merged parquet dataset). ``--backend bedrock``
+also starts moto's S3 server on a free loopback port (Bedrock jobs read and write S3) for the run.
 
 Each demo configuration (backend, rows, emulator switches, cost limit) has its own output folder,
 so a demo shows what it is run for whatever ran before: the example DAG skips rows whose stored
@@ -34,6 +35,7 @@ FRESH_START = "make clean (removes .demo/ and .airflow/), or delete the output f
 DAG_IDS = {
     "openai": "nightly_product_classification",
     "anthropic": "nightly_product_classification",
+    "bedrock": "nightly_product_classification",
     # Self-hosted server mode: the emulator's realtime routes stand in for `vllm serve`.
     "server": "self_hosted_vllm",
 }
@@ -56,12 +58,15 @@ def _env(home: Path, data_dir: Path) -> dict[str, str]:
     return env
 
 
-def _start_emulator(env: dict[str, str], extra_args: str, run_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def _start_emulator(
+    env: dict[str, str], extra_args: str, run_dir: Path, s3_url: str | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
     port_file = run_dir / "emulator.port"
     port_file.unlink(missing_ok=True)
     cmd = [
         sys.executable, "-m", "airflow_batch_provider.emulator",
         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--latency", "0.5",
+        *(["--s3-endpoint-url", s3_url] if s3_url else []),
         *shlex.split(extra_args),
     ]  # fmt: skip
     log = (run_dir / "emulator.log").open("wb")
@@ -109,6 +114,41 @@ def _run_streaming(cmd: list[str], env: dict[str, str]) -> tuple[int, dict[str, 
         return proc.wait(), notable
 
 
+def _start_s3(bucket: str) -> tuple[Any, str]:
+    """Start moto's S3 server on a free loopback port with ``bucket`` in it; return (server, URL)."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    url = f"http://{host}:{port}"
+    creds = {"aws_access_key_id": "demo", "aws_secret_access_key": "demo"}  # a local endpoint: any key works
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1", **creds).create_bucket(Bucket=bucket)
+    return server, url
+
+
+def _bedrock_conn(port: int, s3_url: str, bucket: str) -> str:
+    return json.dumps(
+        {
+            "conn_type": "bedrock_batch",
+            "login": "demo-access-key",
+            "password": "demo-secret-key",
+            "extra": {
+                "region_name": "us-east-1",
+                "role_arn": "arn:aws:iam::123456789012:role/bedrock-batch-demo",
+                "input_s3_uri": f"s3://{bucket}/input",
+                "output_s3_uri": f"s3://{bucket}/output",
+                "endpoint_url": f"http://127.0.0.1:{port}",
+                "s3_endpoint_url": s3_url,
+            },
+        }
+    )
+
+
 def _stats(port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/_emulator/stats", timeout=10) as resp:
         return json.loads(resp.read())
@@ -135,8 +175,12 @@ def main() -> int:
     print(f"==> migrating the demo metadata DB in {home}", flush=True)
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL)
 
+    s3_server, s3_url, bucket = None, None, "airflow-batch-demo"
+    if args.backend == "bedrock":
+        print("==> starting moto's S3 server on 127.0.0.1 (Bedrock job input and output)", flush=True)
+        s3_server, s3_url = _start_s3(bucket)
     print("==> starting the batch API emulator on 127.0.0.1", flush=True)
-    emulator, port = _start_emulator(env, args.emulator_args, run_dir)
+    emulator, port = _start_emulator(env, args.emulator_args, run_dir, s3_url)
     try:
         env["AIRFLOW_CONN_OPENAI_BATCH_DEFAULT"] = json.dumps(
             {"conn_type": "openai_batch", "host": f"http://127.0.0.1:{port}/v1", "password": "emulator-key"}
@@ -144,6 +188,8 @@ def main() -> int:
         env["AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT"] = json.dumps(
             {"conn_type": "anthropic_batch", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
         )
+        if s3_url is not None:
+            env["AIRFLOW_CONN_BEDROCK_BATCH_DEFAULT"] = _bedrock_conn(port, s3_url, bucket)
         before = _stats(port)
         conf: dict[str, object] = {
             "rows": args.rows,
@@ -167,6 +213,8 @@ def main() -> int:
     finally:
         os.killpg(emulator.pid, signal.SIGTERM)
         emulator.wait(timeout=15)
+        if s3_server is not None:
+            s3_server.stop()
 
     summary_file = output_dir / "_SUMMARY.json"
     failed = returncode != 0 or not summary_file.exists() or summary_file.stat().st_mtime < started
@@ -186,7 +234,10 @@ def print_failure(
     if notable.get("error"):
         print(f"  reason           {notable['error']}")
     uploaded = int(after["openai"]["files_uploaded"]) - int(before["openai"]["files_uploaded"])
-    created = sum(int(after[p]["batches_created"]) - int(before[p]["batches_created"]) for p in ("openai", "anthropic"))
+    created = sum(
+        int(after[p].get("batches_created", 0)) - int(before[p].get("batches_created", 0))
+        for p in ("openai", "anthropic", "bedrock")
+    )
     print(f"  files uploaded   {uploaded:,}")
     print(f"  batches created  {created:,}")
     carried = notable.get("carried", "0")

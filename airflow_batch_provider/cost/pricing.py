@@ -41,7 +41,8 @@ DEFAULT_BATCH_DISCOUNT = 0.5
 PRICES_AS_OF = "2026-11-30"
 PRICES_SOURCE = (
     "OpenAI API pricing page (platform/developers.openai.com/api/docs/pricing) and Anthropic's "
-    "pricing and model pages (platform.claude.com/docs/en/about-claude/pricing); standard tier, "
+    "pricing and model pages (platform.claude.com/docs/en/about-claude/pricing), Amazon Bedrock pricing "
+    "(aws.amazon.com/bedrock/pricing, us-east-1); standard tier, "
     "text tokens, short context, no prompt caching"
 )
 
@@ -71,6 +72,14 @@ _DEFAULTS: dict[str, tuple[str, float, float]] = {
     "claude-opus-4-5": ("anthropic", 5.00, 25.00),
     "claude-opus-4-6": ("anthropic", 5.00, 25.00),
     "claude-opus-4-7": ("anthropic", 5.00, 25.00),
+    # Amazon Bedrock, by model id (on-demand list prices, us-east-1; batch inference is 50% of them).
+    # Cross-region inference profiles (us.…, eu.…) may cost more: add them with a pricing file.
+    "anthropic.claude-3-haiku-20240307-v1:0": ("bedrock", 0.25, 1.25),
+    "anthropic.claude-3-5-haiku-20241022-v1:0": ("bedrock", 0.80, 4.00),
+    "anthropic.claude-haiku-4-5-20251001-v1:0": ("bedrock", 1.00, 5.00),
+    "amazon.nova-micro-v1:0": ("bedrock", 0.035, 0.14),
+    "amazon.nova-lite-v1:0": ("bedrock", 0.06, 0.24),
+    "amazon.nova-pro-v1:0": ("bedrock", 0.80, 3.20),
 }
 
 # What may follow a known name: a dated snapshot or an alias, nothing that names another model.

@@ -260,7 +260,7 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     """Split a plain text, a JSONL line, a batch line dict or a request body into countable parts.
 
     Accepts an OpenAI batch line (``{custom_id, method, url, body}``), an Anthropic one
-    (``{custom_id, params}``), or a bare body with ``messages``, ``input`` or ``prompt``.
+    (``{custom_id, params}``), a Bedrock one (``{custom_id, modelInput}``), or a bare body with ``messages``, ``input`` or ``prompt``.
     """
     if isinstance(item, str):
         return RequestParts((item,), 0, None)
@@ -269,6 +269,12 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
         raise InvalidInputError(f"Cannot count tokens of a request that is a {type(data).__name__}, not an object.")
     if isinstance(data.get("params"), Mapping):
         data, provider = data["params"], "anthropic"
+    elif isinstance(data.get("modelInput"), Mapping):  # Bedrock: Anthropic Messages or Nova messages-v1
+        data = data["modelInput"]
+        provider = "anthropic" if "anthropic_version" in data else provider
+        config = data.get("inferenceConfig")
+        if isinstance(config, Mapping) and isinstance(config.get("maxTokens"), int):
+            data = {**data, "max_tokens": config["maxTokens"]}
     elif isinstance(data.get("body"), Mapping):
         data = data["body"]
     max_output = next((data[k] for k in _OUTPUT_KEYS if isinstance(data.get(k), int)), None)

@@ -19,6 +19,7 @@ module starts on 127.0.0.1 (:class:`S3Endpoint`).
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -91,6 +92,7 @@ class S3Endpoint:
             if self._url is None:
                 from moto.server import ThreadedMotoServer
 
+                logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one log line per S3 call otherwise
                 self._server = ThreadedMotoServer(ip_address=self._host, port=0, verbose=False)
                 self._server.start()
                 host, port = self._server.get_host_and_port()

@@ -148,18 +148,10 @@ class BedrockBatchHook(BatchHook):
         bucket, key = split_s3_uri(uri)
         with to_path(chunk["requests_path"]).open("rb") as handle:
             records = [to_record_line(line.rstrip(b"\n")) for line in handle if line.strip()]
-        from botocore.exceptions import ClientError
-
-        try:
-            head = self._call(
-                f"{chunk['label']}: look-up of {uri}", lambda: self.s3.head_object(Bucket=bucket, Key=key)
-            )
-            if head.get("Metadata", {}).get("fingerprint") == chunk["fingerprint"]:
-                self.log.info("%s: reusing the uploaded input %s", chunk["label"], uri)
-                return len(records)
-        except ClientError as exc:  # a missing object is the usual case: upload below
-            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
-                raise
+        head = self._call(f"{chunk['label']}: look-up of {uri}", lambda: _head_object(self.s3, bucket, key))
+        if head is not None and head.get("Metadata", {}).get("fingerprint") == chunk["fingerprint"]:
+            self.log.info("%s: reusing the uploaded input %s", chunk["label"], uri)
+            return len(records)
         body = b"".join(line + b"\n" for line in records)
         self._call(
             f"{chunk['label']}: upload to {uri}",
@@ -329,3 +321,15 @@ class BedrockBatchHook(BatchHook):
         region = batch_id.split(":")[3] if batch_id.count(":") >= 5 else "us-east-1"
         job_id = batch_id.rsplit("/", 1)[-1]
         return f"https://{region}.console.aws.amazon.com/bedrock/home?region={region}#/batch-inference/{job_id}"
+
+
+def _head_object(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:
+    """Return the object's HEAD answer, or None when there is no such object."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return dict(s3.head_object(Bucket=bucket, Key=key))
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise

@@ -86,7 +86,7 @@ class ChunkOperator(BaseOperator):
         ``.jsonl``/``.ndjson`` or a folder of one of them. Templated.
     :param prompt_template: ``str.format`` template over the table's columns; not templated.
     :param model: model name written into every request. Templated.
-    :param provider: ``"openai"`` (default) or ``"anthropic"``. Templated (checked once rendered).
+    :param provider: ``"openai"`` (default), ``"anthropic"`` or ``"bedrock"``. Templated (checked once rendered).
     :param endpoint: OpenAI ``/v1/chat/completions`` (default), ``/v1/embeddings``, ``/v1/completions``;
         Anthropic ``/v1/messages`` (default).
     :param job_dir: folder for this job's files; default
