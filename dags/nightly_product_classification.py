@@ -10,9 +10,9 @@ OpenAI Batch API, Anthropic Message Batches or Amazon Bedrock batch inference: s
 
 Run it offline against the bundled emulator with ``make demo`` (``make demo BACKEND=anthropic``,
 ``make demo BACKEND=bedrock``), or against the real APIs by pointing the ``openai_batch_default`` /
-``anthropic_batch_default`` / ``bedrock_batch_default`` connection at them (see README). Unpausing starts a scheduled run of the default 100 rows at once
-(``catchup=False``: the latest day), then one a day; larger jobs run only when triggered with a
-larger ``rows``. Every Param can be overridden with
+``anthropic_batch_default`` / ``bedrock_batch_default`` connection at them (see README).
+Unpausing starts a scheduled run of the default 100 rows at once (``catchup=False``: the latest
+day), then one a day; larger jobs run only when triggered with a larger ``rows``. Every Param can be overridden with
 ``airflow dags test nightly_product_classification -c '{"rows": 5000, "provider": "anthropic"}'``.
 """
 

@@ -260,7 +260,8 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     """Split a plain text, a JSONL line, a batch line dict or a request body into countable parts.
 
     Accepts an OpenAI batch line (``{custom_id, method, url, body}``), an Anthropic one
-    (``{custom_id, params}``), a Bedrock one (``{custom_id, modelInput}``), or a bare body with ``messages``, ``input`` or ``prompt``.
+    (``{custom_id, params}``), a Bedrock one (``{custom_id, modelInput}``), or a bare body with
+    ``messages``, ``input`` or ``prompt``.
     """
     if isinstance(item, str):
         return RequestParts((item,), 0, None)
