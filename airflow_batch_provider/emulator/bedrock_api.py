@@ -60,8 +60,8 @@ class BedrockError(ApiError):
         self.headers = {"x-amzn-ErrorType": type}
 
     def payload(self) -> dict[str, Any]:
-        """Return the JSON error body."""
-        return {"message": self.message}
+        """Return the JSON error body (``__type`` too: the server may replace the headers, e.g. on 429s)."""
+        return {"__type": self.type, "message": self.message}
 
 
 def bedrock_error(status: int, kind: str, message: str) -> ApiError:
