@@ -29,6 +29,7 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from airflow_batch_provider.chunking.bedrock_bodies import check_bedrock_params, model_input
 from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
 from airflow_batch_provider.chunking.templates import concat, json_escape
 from airflow_batch_provider.chunking.validation import check_model_endpoint
@@ -146,8 +147,6 @@ class RequestSpec:
         if self.provider == "openai":
             self._check_openai_params()
         elif self.provider == "bedrock":
-            from airflow_batch_provider.chunking.bedrock_requests import check_bedrock_params
-
             check_bedrock_params(self)
         else:
             self._check_anthropic_params()
@@ -460,15 +459,25 @@ class AnthropicRenderer(RequestRenderer):
         return {"custom_id": custom_id, "params": params}
 
 
-_RENDERERS: dict[str, type[RequestRenderer]] = {"openai": OpenAIRenderer, "anthropic": AnthropicRenderer}
+class BedrockRenderer(RequestRenderer):
+    """Render Amazon Bedrock batch lines ``{custom_id, modelInput}`` (see :mod:`.bedrock_bodies`)."""
+
+    provider = "bedrock"
+
+    def request_dict(self, custom_id: str, text: str) -> dict[str, Any]:
+        """Return the full request as a dict, ``custom_id`` first."""
+        return {"custom_id": custom_id, "modelInput": model_input(self.spec, text)}
+
+
+_RENDERERS: dict[str, type[RequestRenderer]] = {
+    "openai": OpenAIRenderer,
+    "anthropic": AnthropicRenderer,
+    "bedrock": BedrockRenderer,
+}
 
 
 def renderer_for(spec: RequestSpec) -> RequestRenderer:
     """Return the renderer for ``spec``'s provider."""
-    if spec.provider == "bedrock":  # its module builds on this one: imported here, not at the top
-        from airflow_batch_provider.chunking.bedrock_requests import BedrockRenderer
-
-        return BedrockRenderer(spec)
     return _RENDERERS[spec.provider](spec)
 
 

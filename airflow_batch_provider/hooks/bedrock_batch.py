@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Literal
 import orjson
 
 from airflow_batch_provider.batches.line_retry import iter_with_restarts
-from airflow_batch_provider.chunking.bedrock_requests import to_record_line
+from airflow_batch_provider.chunking.bedrock_bodies import to_record_line
 from airflow_batch_provider.chunking.limits import BEDROCK_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
 from airflow_batch_provider.exceptions import InvalidInputError

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.chunking.bedrock_requests import ANTHROPIC_VERSION, to_record_line
+from airflow_batch_provider.chunking.bedrock_bodies import ANTHROPIC_VERSION, to_record_line
 from airflow_batch_provider.chunking.chunks import build_chunks
 from airflow_batch_provider.chunking.limits import BEDROCK_LIMITS
 from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for

@@ -54,6 +54,8 @@ def test_every_default_has_the_50_percent_batch_discount_and_a_provider() -> Non
         assert price.batch_input_per_mtok == pytest.approx(price.input_per_mtok / 2), model
         assert price.batch_output_per_mtok == pytest.approx(price.output_per_mtok / 2), model
         expected = "anthropic" if model.startswith("claude") else "openai"
+        if model.startswith(("anthropic.", "amazon.")):  # Bedrock model ids
+            expected = "bedrock"
         assert price.provider == expected, model
 
 

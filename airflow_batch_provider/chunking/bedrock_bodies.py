@@ -10,6 +10,8 @@ once per job, not per record), so the body depends on the model family:
   ``[{"text": ...}]``, sampling in ``inferenceConfig``; structured output is a forced tool through
   ``toolConfig``.
 
+The renderer (:class:`~airflow_batch_provider.chunking.requests.BedrockRenderer`) writes
+``{custom_id, modelInput}`` lines from these bodies; this module imports nothing of it.
 Chunk files keep ``custom_id`` as the first key, like the other providers' files, so line
 retries, incremental runs and token estimates read them the same way; the hook renames it to
 Bedrock's ``recordId`` while uploading (a byte-level rename of the first key, see
@@ -21,13 +23,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Literal
 
-from airflow_batch_provider.chunking.requests import RequestRenderer
 from airflow_batch_provider.exceptions import InvalidInputError
 
 if TYPE_CHECKING:
     from airflow_batch_provider.chunking.requests import RequestSpec
 
-BEDROCK_INVOKE = "/model/invoke"
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 Family = Literal["anthropic", "nova"]
 
@@ -83,62 +83,56 @@ def _stops(stop: Any) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-class BedrockRenderer(RequestRenderer):
-    """Render Bedrock batch lines ``{custom_id, modelInput}`` for the model's family."""
+def _tool(spec: RequestSpec) -> tuple[str, str, dict[str, Any]] | None:
+    if spec.json_schema is None or spec.schema_name is None:
+        return None
+    description = spec.json_schema.get("description") or f"Record the answer as a {spec.schema_name} object."
+    return spec.schema_name, str(description), spec.json_schema
 
-    provider = "bedrock"
 
-    def __init__(self, spec: RequestSpec) -> None:
-        self.family = bedrock_family(spec.model)
-        super().__init__(spec)
+def anthropic_body(spec: RequestSpec, text: str) -> dict[str, Any]:
+    """Return the ``modelInput`` of an Anthropic model: a Messages body without ``model``."""
+    extra = dict(spec.params)
+    body: dict[str, Any] = {"anthropic_version": ANTHROPIC_VERSION, "max_tokens": extra.pop("max_tokens")}
+    if spec.system_prompt is not None:
+        body["system"] = spec.system_prompt
+    body["messages"] = [{"role": "user", "content": text}]
+    stop = extra.pop("stop", None)
+    if stop is not None:
+        extra["stop_sequences"] = _stops(stop)
+    body.update(extra)
+    tool = _tool(spec)
+    if tool is not None:
+        name, description, schema = tool
+        body["tools"] = [{"name": name, "description": description, "input_schema": schema}]
+        body["tool_choice"] = {"type": "tool", "name": name}
+    return body
 
-    def request_dict(self, custom_id: str, text: str) -> dict[str, Any]:
-        """Return the full request as a dict, ``custom_id`` first."""
-        body = self._anthropic_body(text) if self.family == "anthropic" else self._nova_body(text)
-        return {"custom_id": custom_id, "modelInput": body}
 
-    def _tool(self) -> tuple[str, str, dict[str, Any]] | None:
-        spec = self.spec
-        if spec.json_schema is None or spec.schema_name is None:
-            return None
-        description = spec.json_schema.get("description") or f"Record the answer as a {spec.schema_name} object."
-        return spec.schema_name, str(description), spec.json_schema
+def nova_body(spec: RequestSpec, text: str) -> dict[str, Any]:
+    """Return the ``modelInput`` of an Amazon Nova model (``messages-v1``)."""
+    params = spec.params
+    body: dict[str, Any] = {"schemaVersion": "messages-v1"}
+    if spec.system_prompt is not None:
+        body["system"] = [{"text": spec.system_prompt}]
+    body["messages"] = [{"role": "user", "content": [{"text": text}]}]
+    config = {wire: params[name] for name, wire in _NOVA_PARAMS.items() if name in params}
+    if "stop" in params:
+        config["stopSequences"] = _stops(params["stop"])
+    body["inferenceConfig"] = config
+    tool = _tool(spec)
+    if tool is not None:
+        name, description, schema = tool
+        body["toolConfig"] = {
+            "tools": [{"toolSpec": {"name": name, "description": description, "inputSchema": {"json": schema}}}],
+            "toolChoice": {"tool": {"name": name}},
+        }
+    return body
 
-    def _anthropic_body(self, text: str) -> dict[str, Any]:
-        extra = dict(self.spec.params)
-        body: dict[str, Any] = {"anthropic_version": ANTHROPIC_VERSION, "max_tokens": extra.pop("max_tokens")}
-        if self.spec.system_prompt is not None:
-            body["system"] = self.spec.system_prompt
-        body["messages"] = [{"role": "user", "content": text}]
-        stop = extra.pop("stop", None)
-        if stop is not None:
-            extra["stop_sequences"] = _stops(stop)
-        body.update(extra)
-        tool = self._tool()
-        if tool is not None:
-            name, description, schema = tool
-            body["tools"] = [{"name": name, "description": description, "input_schema": schema}]
-            body["tool_choice"] = {"type": "tool", "name": name}
-        return body
 
-    def _nova_body(self, text: str) -> dict[str, Any]:
-        params = self.spec.params
-        body: dict[str, Any] = {"schemaVersion": "messages-v1"}
-        if self.spec.system_prompt is not None:
-            body["system"] = [{"text": self.spec.system_prompt}]
-        body["messages"] = [{"role": "user", "content": [{"text": text}]}]
-        config = {wire: params[name] for name, wire in _NOVA_PARAMS.items() if name in params}
-        if "stop" in params:
-            config["stopSequences"] = _stops(params["stop"])
-        body["inferenceConfig"] = config
-        tool = self._tool()
-        if tool is not None:
-            name, description, schema = tool
-            body["toolConfig"] = {
-                "tools": [{"toolSpec": {"name": name, "description": description, "inputSchema": {"json": schema}}}],
-                "toolChoice": {"tool": {"name": name}},
-            }
-        return body
+def model_input(spec: RequestSpec, text: str) -> dict[str, Any]:
+    """Return the ``modelInput`` of one request for the spec's model family."""
+    return anthropic_body(spec, text) if bedrock_family(spec.model) == "anthropic" else nova_body(spec, text)
 
 
 def to_record_line(line: bytes) -> bytes:
