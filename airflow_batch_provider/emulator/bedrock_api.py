@@ -158,6 +158,40 @@ class BedrockApi:
         self.runner.stop()
         self.s3.stop()
 
+    def batches(self, include_custom_ids: bool = False) -> list[dict[str, Any]]:
+        """List every job for ``GET /_emulator/batches`` (tags as ``metadata``; record ids read from S3)."""
+        with self.runner.lock:
+            jobs = list(self.runner.jobs.values())
+        rows: list[dict[str, Any]] = []
+        for job in jobs:
+            row: dict[str, Any] = {
+                "provider": "bedrock",
+                "id": job.arn,
+                "name": job.name,
+                "status": job.status,
+                "model": job.model_id,
+                "metadata": dict(job.tags),
+                "custom_id_count": len(job.records),
+                "created_at": int(job.submit_time),
+                "polls": job.polls,
+                "held": job.held is not None,
+            }
+            if include_custom_ids:
+                row["custom_ids"] = self._record_ids(job)
+            rows.append(row)
+        return rows
+
+    def _record_ids(self, job: BedrockJob) -> list[str]:
+        records = job.records
+        if not records:  # not validated yet: read the input (best effort)
+            try:
+                bucket, key = split_s3_uri(job.input_uri)
+                data = self.s3.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+                records = [orjson.loads(line) for line in data.splitlines() if line.strip()]
+            except Exception:
+                return []
+        return [str(r.get("recordId")) for r in records if isinstance(r, dict)]
+
     def _job(self, identifier: str) -> BedrockJob:
         job_id = unquote(identifier).rsplit("/", 1)[-1]
         with self.runner.lock:
@@ -202,6 +236,7 @@ class BedrockApi:
                 input_uri=input_uri,
                 output_uri=output_uri,
                 faults=self.store.faults,
+                tags={str(t.get("key")): str(t.get("value")) for t in body.get("tags") or [] if isinstance(t, dict)},
             )
             job.due = time.monotonic() + self.config.latency
             self.runner.jobs[job_id] = job

@@ -52,6 +52,7 @@ class BedrockJob:
     input_uri: str
     output_uri: str
     faults: Faults
+    tags: dict[str, str] = field(default_factory=dict)
     submit_time: float = field(default_factory=time.time)
     status: str = "Submitted"
     message: str | None = None

@@ -310,7 +310,7 @@ class BatchEmulator:
 
     def batches(self, include_custom_ids: bool = False) -> list[dict[str, Any]]:
         """List every batch of both providers with its status and custom_id count."""
-        return self.store.batches(include_custom_ids)
+        return self.store.batches(include_custom_ids) + self.bedrock.batches(include_custom_ids)
 
     # dispatch ---------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 Each component runs in its own process group (so it can be killed or restarted alone), on
 loopback only, with its output in ``<root>/logs/<component>.log``. The batch emulator runs as a
-subprocess next to it. Nothing here imports Airflow: the components are driven over the REST API
+subprocess next to it, and moto's S3 server (Bedrock job data) in the test process. Nothing here imports Airflow: the components are driven over the REST API
 exactly as an operator of the deployment would.
 """
 
@@ -27,6 +27,8 @@ from tests.scheduler.postgres import sqlalchemy_url
 from tests.scheduler.processes import Component, DeploymentError, free_port, process_title, wait_for
 
 EMULATOR_KEY = "emulator-key"
+BEDROCK_BUCKET = "abp-scheduler-bedrock"
+BEDROCK_INPUT = "input"
 COMPONENTS: dict[str, list[str]] = {
     "scheduler": ["scheduler", "--skip-serve-logs"],
     "dag-processor": ["dag-processor"],
@@ -60,6 +62,8 @@ class Deployment:
         self.components: dict[str, Component] = {}
         self.emulator: Component | None = None
         self.emulator_url = ""
+        self.s3_server: Any = None
+        self.s3_url = ""
         self._token: str | None = None
         self._http = httpx.Client(timeout=30)
         self.env = self._environment()
@@ -121,8 +125,9 @@ class Deployment:
         """Start the batch emulator on a free port and point the provider connections at it."""
         port_file = self.root / "emulator.port"
         port_file.unlink(missing_ok=True)
+        self._start_s3()
         argv = [sys.executable, "-m", "airflow_batch_provider.emulator", "--port", "0", "--port-file", str(port_file),
-                "--latency", "0.2", *extra]  # fmt: skip
+                "--latency", "0.2", "--s3-endpoint-url", self.s3_url, *extra]  # fmt: skip
         self.emulator = Component("emulator", argv, self.env, self.logs / "emulator.log")
         self.emulator.start()
         port = wait_for(
@@ -135,6 +140,43 @@ class Deployment:
         self.env["AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT"] = json.dumps(
             {"conn_type": "anthropic_batch", "host": self.emulator_url, "password": EMULATOR_KEY}
         )
+        self.env["AIRFLOW_CONN_BEDROCK_BATCH_DEFAULT"] = json.dumps(
+            {
+                "conn_type": "bedrock_batch",
+                "login": "emulator-access-key",
+                "password": "emulator-secret-key",
+                "extra": {
+                    "region_name": "us-east-1",
+                    "role_arn": "arn:aws:iam::123456789012:role/bedrock-batch",
+                    "input_s3_uri": f"s3://{BEDROCK_BUCKET}/{BEDROCK_INPUT}",
+                    "output_s3_uri": f"s3://{BEDROCK_BUCKET}/output",
+                    "endpoint_url": self.emulator_url,
+                    "s3_endpoint_url": self.s3_url,
+                },
+            }
+        )
+
+    def _start_s3(self) -> None:
+        """Start moto's S3 server on a free loopback port, with the Bedrock bucket in it."""
+        from moto.server import ThreadedMotoServer
+
+        self.s3_server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        self.s3_server.start()
+        host, port = self.s3_server.get_host_and_port()
+        self.s3_url = f"http://{host}:{port}"
+        self.s3().create_bucket(Bucket=BEDROCK_BUCKET)
+
+    def s3(self) -> Any:
+        """A boto3 S3 client on the deployment's S3 endpoint."""
+        import boto3
+
+        creds = {"aws_access_key_id": "x", "aws_secret_access_key": "x"}  # a local endpoint: any key works
+        return boto3.client("s3", endpoint_url=self.s3_url, region_name="us-east-1", **creds)
+
+    def bedrock_inputs(self) -> int:
+        """Return how many chunk files were uploaded for Bedrock jobs (objects under the input prefix)."""
+        pages = self.s3().get_paginator("list_objects_v2").paginate(Bucket=BEDROCK_BUCKET, Prefix=BEDROCK_INPUT + "/")
+        return sum(len(page.get("Contents", [])) for page in pages)
 
     def start(self) -> None:
         """Migrate the DB and start every component; return once the API answers and the scheduler beats."""
@@ -175,6 +217,8 @@ class Deployment:
         for component in every:
             component.stop(timeout=max(0.0, deadline - time.monotonic()))
         self._http.close()
+        if self.s3_server is not None:
+            self.s3_server.stop()
 
     def ensure_running(self) -> None:
         """Start again any component that is not running (a test that killed one and then failed)."""

@@ -27,6 +27,12 @@ mid-merge           ``GET /v1/files/{id}/content`` held while    rewrite the sam
                     the merge task streams results              rows, no new batch
 ==================  ===========================================  ==========================================
 
+The first three crash points run for Amazon Bedrock too (``provider="bedrock"``): the held call is
+``POST /model-invocation-job``; after upload the retry finds the chunk already in S3 and creates
+one job; after create the retry finds the job by its name and ``clientRequestToken``; a new
+triggerer resumes polling. (The merge reads Bedrock results from S3, not through the emulator, so
+there is no emulator route to hold mid-merge.)
+
 Plus: clearing a finished run through the REST API and letting it run again creates no batch,
 uploads nothing and sends no request — cleared from ``submit`` on (the checkpoint path) and cleared
 whole (the chunk step's ``skip_unchanged`` carries every stored row).
@@ -47,6 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_batch_provider.chunking.chunks import derive_custom_id
 from airflow_batch_provider.examples import synthetic_products
 from tests.scheduler.conftest import DAG_ID
 from tests.scheduler.deployment import Deployment
@@ -70,6 +77,39 @@ STAT_KEYS = {
 }
 
 
+@dataclass(frozen=True)
+class Backend:
+    """What the crash tests need to know of one provider: its rows, held route and emulator names."""
+
+    provider: str
+    rows: int  # two chunks of the DAG's 10,000
+    create: str  # the emulator route that creates a batch
+    done: str  # the emulator's status of a finished batch
+    live: tuple[str, ...]  # its statuses of a batch still running
+    stat_section: str
+
+    def task(self, map_index: int) -> str:
+        """The ``airflow_task`` metadata of chunk ``map_index``'s batch (Bedrock tag values cannot hold brackets)."""
+        return f"submit[{map_index}]" if self.provider == "openai" else f"submit_{map_index}_"
+
+    def custom_id(self, product_id: str) -> str:
+        """The id a row is sent under: Bedrock record ids are alphanumeric, so "p-00000001" is derived."""
+        return product_id if self.provider == "openai" else derive_custom_id(product_id, "")
+
+
+OPENAI = Backend("openai", ROWS, CREATE, "completed", ("validating", "in_progress"), "openai")
+# Bedrock merges a last chunk under its 100-record minimum into the one before: 10,150 rows make 10,000 + 150.
+BEDROCK = Backend(
+    "bedrock",
+    10_150,
+    "POST /model-invocation-job",
+    "Completed",
+    ("Submitted", "Validating", "Scheduled", "InProgress"),
+    "bedrock",
+)
+BACKENDS = pytest.mark.parametrize("backend", [OPENAI, BEDROCK], ids=["openai", "bedrock"])
+
+
 @dataclass
 class Outcome:
     """What one DAG run left behind."""
@@ -82,9 +122,15 @@ class Outcome:
     task_instances: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _counters(deployment: Deployment) -> dict[str, int]:
+def _counters(deployment: Deployment, backend: Backend = OPENAI) -> dict[str, int]:
     stats = deployment.emulator_get("/_emulator/stats")
-    return {name: int(stats[section][key]) for name, (section, key) in STAT_KEYS.items()}
+    counts = {}
+    for name, (section, key) in STAT_KEYS.items():
+        section = backend.stat_section if section == "openai" else section
+        counts[name] = int(stats[section].get(key, 0))
+    if backend.provider == "bedrock":  # uploads go to S3, not through the emulator
+        counts["files_uploaded"] = deployment.bedrock_inputs()
+    return counts
 
 
 _POLL_COUNTERS = ("polls", "held")  # how often a batch's status was read: not part of what was billed
@@ -102,19 +148,21 @@ def _run_batches(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
 class JobRun:
     """One triggered run of the example DAG, with the emulator counters from before it started."""
 
-    def __init__(self, deployment: Deployment, name: str) -> None:
+    def __init__(self, deployment: Deployment, name: str, backend: Backend = OPENAI) -> None:
         self.deployment = deployment
+        self.backend = backend
         self.run_id = f"{name}-{uuid.uuid4().hex[:6]}"
         self.output_dir = deployment.root / "out" / self.run_id
-        self.before = _counters(deployment)
+        self.before = _counters(deployment, backend)
         deployment.trigger(
             DAG_ID,
             self.run_id,
             {
-                "rows": ROWS,
-                "data_dir": str(deployment.data_dir),
+                "rows": backend.rows,
+                "data_dir": str(deployment.data_dir / backend.provider),
                 "output_dir": str(self.output_dir),
                 "poll_interval": 0.5,
+                "provider": backend.provider,
             },
         )
 
@@ -167,7 +215,7 @@ class JobRun:
         """Wait for the run to end; it must succeed. Return what it left behind."""
         state = self.deployment.wait_for_run(DAG_ID, self.run_id, RUN_TIMEOUT)
         assert state == "success", f"run {self.run_id} ended {state}: {self.states()}"
-        after = _counters(self.deployment)
+        after = _counters(self.deployment, self.backend)
         return Outcome(
             run_id=self.run_id,
             output=pq.read_table(self.output_dir),
@@ -187,28 +235,30 @@ class JobRun:
             )
 
 
-def assert_exactly_once(outcome: Outcome, reference: Outcome | None) -> None:
+def assert_exactly_once(outcome: Outcome, reference: Outcome | None, backend: Backend = OPENAI) -> None:
     """One live batch per chunk, every row once, and the undisturbed run's output."""
     batches = outcome.batches
+    rows = backend.rows
     summary = [(b["id"], b["status"], b["metadata"].get("airflow_task")) for b in batches]
-    assert all(b["status"] != "cancelled" for b in batches), f"a batch was cancelled: {summary}"
+    assert all(b["status"] == backend.done for b in batches), f"a batch did not complete (or was cancelled): {summary}"
     per_chunk = sorted(b["metadata"]["airflow_task"] for b in batches)
-    assert per_chunk == [f"submit[{i}]" for i in range(NUM_CHUNKS)], f"batches per chunk: {summary}"
-    assert all(b["status"] == "completed" for b in batches), summary
+    assert per_chunk == [backend.task(i) for i in range(NUM_CHUNKS)], f"batches per chunk: {summary}"
     sent = [cid for b in batches for cid in b["custom_ids"]]
-    source_ids = synthetic_products(ROWS).column("product_id").to_pylist()
-    assert len(sent) == ROWS and set(sent) == set(source_ids), "each row must be sent in exactly one batch"
+    source_ids = synthetic_products(rows).column("product_id").to_pylist()
+    expected = [backend.custom_id(pid) for pid in source_ids]
+    assert len(sent) == rows and set(sent) == set(expected), "each row must be sent in exactly one batch"
 
     table = outcome.output
     ids = table.column("custom_id").to_pylist()
-    assert len(ids) == ROWS and len(set(ids)) == ROWS and set(ids) == set(source_ids)
+    assert len(ids) == rows and len(set(ids)) == rows and set(ids) == set(expected)
+    assert dict(zip(ids, table.column("product_id").to_pylist())) == dict(zip(expected, source_ids))
     assert set(table.column("status").to_pylist()) == {"succeeded"}
     batch_of = {cid: b["id"] for b in batches for cid in b["custom_ids"]}
     assert table.column("batch_id").to_pylist() == [batch_of[cid] for cid in ids]
     files = sorted(p.name for p in outcome.output_dir.iterdir())
     assert files == ["_SUMMARY.json", *(f"part-{i:05d}.parquet" for i in range(NUM_CHUNKS))], files
     summary_file = json.loads((outcome.output_dir / "_SUMMARY.json").read_text())
-    assert summary_file["rows"] == ROWS and sorted(summary_file["batch_ids"]) == sorted(b["id"] for b in batches)
+    assert summary_file["rows"] == rows and sorted(summary_file["batch_ids"]) == sorted(b["id"] for b in batches)
     if reference is not None:
         got, want = _comparable(table), _comparable(reference.output)
         assert got.equals(want), f"output differs from the undisturbed run: {_differences(got, want)}"
@@ -248,6 +298,25 @@ def _isolated(deployment: Deployment) -> Iterator[None]:
 def undisturbed(deployment: Deployment) -> Outcome:
     """Run the DAG once without faults: the reference every crash test compares with."""
     return JobRun(deployment, "undisturbed").finish()
+
+
+@pytest.fixture(scope="module")
+def undisturbed_bedrock(deployment: Deployment) -> Outcome:
+    """The undisturbed reference run on Bedrock."""
+    return JobRun(deployment, "undisturbed-bedrock", BEDROCK).finish()
+
+
+def _reference(request: pytest.FixtureRequest, backend: Backend) -> Outcome:
+    return request.getfixturevalue("undisturbed" if backend is OPENAI else "undisturbed_bedrock")
+
+
+def test_undisturbed_bedrock_run(undisturbed_bedrock: Outcome) -> None:
+    """A plain Bedrock run: one job per chunk, each chunk uploaded once, every row once."""
+    assert_exactly_once(undisturbed_bedrock, None, BEDROCK)
+    assert undisturbed_bedrock.delta["files_uploaded"] == NUM_CHUNKS
+    assert undisturbed_bedrock.delta["batches_created"] == NUM_CHUNKS
+    assert undisturbed_bedrock.delta["requests_processed"] == BEDROCK.rows
+    assert {ti["try_number"] for ti in undisturbed_bedrock.task_instances} == {1}
 
 
 def test_undisturbed_run(undisturbed: Outcome) -> None:
@@ -311,12 +380,16 @@ def test_clear_whole_run_bills_nothing(deployment: Deployment, undisturbed: Outc
     )
 
 
-def test_kill_after_upload_before_batch_create(deployment: Deployment, undisturbed: Outcome) -> None:
-    """Killed while ``POST /v1/batches`` is in flight but not yet run: the retry reuses the file."""
+@BACKENDS
+def test_kill_after_upload_before_batch_create(
+    deployment: Deployment, backend: Backend, request: pytest.FixtureRequest
+) -> None:
+    """Killed while the create call is in flight but not yet run: the retry reuses the upload."""
+    undisturbed = _reference(request, backend)
     chunks = list(range(NUM_CHUNKS))
-    with deployment.faults(delay_routes={CREATE: HOLD}):
-        job = JobRun(deployment, "kill-after-upload")
-        job.wait_held("before", CREATE, NUM_CHUNKS)
+    with deployment.faults(delay_routes={backend.create: HOLD}):
+        job = JobRun(deployment, "kill-after-upload", backend)
+        job.wait_held("before", backend.create, NUM_CHUNKS)
         assert _run_batches(deployment, job.run_id) == []
         job.kill("submit", chunks)
     outcome = job.finish()
@@ -324,15 +397,19 @@ def test_kill_after_upload_before_batch_create(deployment: Deployment, undisturb
     assert outcome.delta["delayed_abandoned"] == NUM_CHUNKS  # the held creates were dropped undone
     assert outcome.delta["files_uploaded"] == NUM_CHUNKS  # uploaded once, reused by the retry
     assert outcome.delta["batches_created"] == NUM_CHUNKS
-    assert_exactly_once(outcome, undisturbed)
+    assert_exactly_once(outcome, undisturbed, backend)
 
 
-def test_kill_after_batch_create_before_checkpoint(deployment: Deployment, undisturbed: Outcome) -> None:
+@BACKENDS
+def test_kill_after_batch_create_before_checkpoint(
+    deployment: Deployment, backend: Backend, request: pytest.FixtureRequest
+) -> None:
     """Killed after the batch exists but before its id is checkpointed: the retry reconciles."""
+    undisturbed = _reference(request, backend)
     chunks = list(range(NUM_CHUNKS))
-    with deployment.faults(delay_after_routes={CREATE: HOLD}):
-        job = JobRun(deployment, "kill-after-create")
-        job.wait_held("after", CREATE, NUM_CHUNKS)
+    with deployment.faults(delay_after_routes={backend.create: HOLD}):
+        job = JobRun(deployment, "kill-after-create", backend)
+        job.wait_held("after", backend.create, NUM_CHUNKS)
         assert len(_run_batches(deployment, job.run_id)) == NUM_CHUNKS  # created, id not yet told
         job.kill("submit", chunks)
     outcome = job.finish()
@@ -340,14 +417,17 @@ def test_kill_after_batch_create_before_checkpoint(deployment: Deployment, undis
     assert outcome.delta["delayed_abandoned"] == NUM_CHUNKS  # the answers carrying the ids were lost
     assert outcome.delta["files_uploaded"] == NUM_CHUNKS
     assert outcome.delta["batches_created"] == NUM_CHUNKS, "the retry created a second batch"
-    assert_exactly_once(outcome, undisturbed)
+    assert_exactly_once(outcome, undisturbed, backend)
 
 
 class SensorPokedError(AssertionError):
     """The sensor kept a worker process polling instead of deferring to the triggerer."""
 
 
-def test_kill_triggerer_while_deferred(deployment: Deployment, undisturbed: Outcome) -> None:
+@BACKENDS
+def test_kill_triggerer_while_deferred(
+    deployment: Deployment, backend: Backend, request: pytest.FixtureRequest
+) -> None:
     """SIGKILL the triggerer while every sensor is deferred; a new triggerer finishes the wait.
 
     In Airflow 3.3 a deferred task instance has no process at all: its worker process exited when
@@ -357,22 +437,23 @@ def test_kill_triggerer_while_deferred(deployment: Deployment, undisturbed: Outc
     The deployment leaves ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` unset, as users do, so this
     is also the test that the sensor defers by default.
     """
+    undisturbed = _reference(request, backend)
     triggerer = deployment.components["triggerer"]
     with deployment.faults(slow=SLOW):  # batches stay in progress long enough to kill mid-wait
-        job = JobRun(deployment, "kill-triggerer")
+        job = JobRun(deployment, "kill-triggerer", backend)
         job.wait_until(_sensors_deferred(job), "every sensor to be deferred on a triggerer")
     triggerer.kill(signal.SIGKILL)
     assert triggerer.process is not None
     triggerer.process.wait(timeout=30)
     live = _run_batches(deployment, job.run_id)
-    assert len(live) == NUM_CHUNKS and all(b["status"] in ("validating", "in_progress") for b in live), live
+    assert len(live) == NUM_CHUNKS and all(b["status"] in backend.live for b in live), live
     triggerer.start()
     outcome = job.finish()
     for map_index in range(NUM_CHUNKS):
         tries = deployment.tries(DAG_ID, job.run_id, "wait", map_index)
         assert [t["state"] for t in tries] == ["success"], "the sensor must resume, not retry"
     assert outcome.delta["batches_created"] == NUM_CHUNKS
-    assert_exactly_once(outcome, undisturbed)
+    assert_exactly_once(outcome, undisturbed, backend)
 
 
 def _sensors_deferred(job: JobRun) -> Callable[[], bool]:
