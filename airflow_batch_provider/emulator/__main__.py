@@ -23,6 +23,12 @@ OpenAI batches go validating → in_progress → finalizing → completed, one `
 in_progress → ended after about one latency. Realtime routes (``POST /v1/chat/completions``,
 ``/v1/embeddings``, ``/v1/messages``…) answer directly.
 
+Amazon Bedrock: ``boto3.client("bedrock", endpoint_url="http://127.0.0.1:PORT")`` (any SigV4
+credentials) creates, gets, lists and stops model invocation jobs (Submitted → Validating →
+Scheduled → InProgress → Completed, one latency apart); ``bedrock-runtime`` ``invoke_model``
+answers at once. Job data lives in S3: ``--s3-endpoint-url`` (moto's server, or any S3), or by
+default a moto server the emulator starts on the same host. See :mod:`.bedrock_api`.
+
 Control routes (no auth, never faulted): ``GET /_emulator/stats`` (counters),
 ``POST /_emulator/reset`` (forget everything; faults back to the start-up switches),
 ``GET|POST /_emulator/faults`` (read / replace the fault settings with a JSON object of the
@@ -99,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the CLI argument parser."""
     parser = argparse.ArgumentParser(
         prog="python -m airflow_batch_provider.emulator",
-        description="Local emulator of the OpenAI Batch and Anthropic Message Batches APIs.",
+        description="Local emulator of the OpenAI Batch, Anthropic Message Batches and Amazon Bedrock batch APIs.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8089, help="port to bind; 0 picks a free one (default 8089)")
