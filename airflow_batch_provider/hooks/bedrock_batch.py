@@ -58,8 +58,9 @@ class BedrockBatchHook(BatchHook):
 
     :param conn_id: Airflow connection id (type ``bedrock_batch`` or ``aws``).
     :param retry_policy: attempts above botocore's own retries for every call.
-    :param small_batches: ``"on_demand"`` (default) answers a batch under Bedrock's per-job minimum
-        with InvokeModel calls; ``"refuse"`` raises InvalidInputError instead.
+    :param small_batches: ``"on_demand"`` answers a batch under Bedrock's per-job minimum with
+        InvokeModel calls; ``"refuse"`` raises InvalidInputError instead. None (default): the
+        connection extra ``small_batches``, else ``"on_demand"``.
     :param settings: override connection extras (``region``, ``role_arn``, ``input_s3_uri``, ...).
     """
 
@@ -77,15 +78,21 @@ class BedrockBatchHook(BatchHook):
         conn_id: str | None = None,
         *,
         retry_policy: RetryPolicy | None = None,
-        small_batches: Literal["on_demand", "refuse"] = "on_demand",
+        small_batches: Literal["on_demand", "refuse"] | None = None,
         **settings: Any,
     ) -> None:
         super().__init__(conn_id)
-        if small_batches not in ("on_demand", "refuse"):
-            raise InvalidInputError(f"small_batches must be 'on_demand' or 'refuse', got {small_batches!r}.")
         self.retry_policy = retry_policy or RetryPolicy()
-        self.small_batches = small_batches
+        self._small_batches = small_batches
         self._overrides = settings
+
+    @cached_property
+    def small_batches(self) -> str:
+        """What happens to a batch under Bedrock's per-job minimum: ``on_demand`` or ``refuse``."""
+        choice = self._small_batches or (self._connection.extra_dejson or {}).get("small_batches") or "on_demand"
+        if choice not in ("on_demand", "refuse"):
+            raise InvalidInputError(f"small_batches must be 'on_demand' or 'refuse', got {choice!r}.")
+        return str(choice)
 
     # clients ------------------------------------------------------------------------------------
 

@@ -100,12 +100,21 @@ def test_a_batch_under_the_minimum_is_answered_on_demand_once(hook, bedrock_emul
     assert stats["realtime_requests"] == 7 and "batches_created" not in stats
 
 
-def test_small_batches_can_be_refused(bedrock_emulator_env, tmp_path):
+def test_small_batches_can_be_refused(bedrock_emulator_env, tmp_path, monkeypatch):
+    import json
+    import os
+
     from airflow_batch_provider.hooks.bedrock_batch import BedrockBatchHook
 
     (chunk,) = _chunks(tmp_path, 7).descriptors
     with pytest.raises(InvalidInputError, match="under Bedrock's minimum of 100"):
         BedrockBatchHook(small_batches="refuse").create_batch(chunk, input_file_id=None, metadata=_metadata("e" * 40))
+    conn = json.loads(os.environ["AIRFLOW_CONN_BEDROCK_BATCH_DEFAULT"])
+    conn["extra"]["small_batches"] = "refuse"
+    monkeypatch.setenv("AIRFLOW_CONN_BEDROCK_BATCH_DEFAULT", json.dumps(conn))
+    with pytest.raises(InvalidInputError, match="under Bedrock's minimum of 100"):
+        BedrockBatchHook().create_batch(chunk, input_file_id=None, metadata=_metadata("e" * 40))
+    assert bedrock_emulator_env.stats()["bedrock"].get("realtime_requests", 0) == 0
 
 
 def test_line_errors_and_expiry(hook, bedrock_emulator_env, tmp_path):
