@@ -23,18 +23,17 @@ under the batch id ``ondemand/<job name>``. ``small_batches="refuse"`` raises in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
 from typing import Any, ClassVar, Literal
 
 import orjson
 
-from airflow_batch_provider.batches.line_retry import iter_with_restarts
 from airflow_batch_provider.chunking.bedrock_bodies import to_record_line
 from airflow_batch_provider.chunking.limits import BEDROCK_LIMITS, ProviderLimits
-from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord, SubmittedBatch
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
 from airflow_batch_provider.hooks.bedrock_common import (
     ON_DEMAND_PREFIX,
     BedrockSettings,
@@ -46,10 +45,9 @@ from airflow_batch_provider.hooks.bedrock_common import (
 from airflow_batch_provider.hooks.bedrock_ondemand import classify_aws_error, on_demand_state, run_on_demand
 from airflow_batch_provider.results.parse import parse_bedrock_record
 from airflow_batch_provider.status import BatchState
-from airflow_batch_provider.utils.retry import RetryPolicy, call_with_retries
+from airflow_batch_provider.utils.retry import RetryPolicy, call_with_retries, iter_with_restarts
 from airflow_batch_provider.utils.storage import to_path
 
-IDEMPOTENCY_KEY = "airflow_idempotency_key"
 INPUT_NAME = "input.jsonl"
 
 
@@ -175,7 +173,7 @@ class BedrockBatchHook(BatchHook):
         ``clientRequestToken`` is the chunk's idempotency key, so a create that is retried after
         its answer was lost returns the job the first call created.
         """
-        key = metadata.get(IDEMPOTENCY_KEY) or chunk["fingerprint"][:40]
+        key = metadata.get(IDEMPOTENCY_METADATA_KEY) or chunk["fingerprint"][:40]
         name = job_name(metadata, chunk["chunk_index"], key)
         if chunk["num_requests"] < self.limits.min_requests:
             return self._small_batch(chunk, key)
@@ -196,14 +194,6 @@ class BedrockBatchHook(BatchHook):
         arn = str(response["jobArn"])
         self.log.info("%s: created Bedrock job %s (%s)", chunk["label"], name, arn)
         return arn
-
-    def submit(self, chunk: ChunkDescriptor, *, metadata: Mapping[str, str]) -> SubmittedBatch:
-        """Upload and create in one go (the upload happens inside :meth:`create_batch`)."""
-        return {
-            **chunk,
-            "batch_id": self.create_batch(chunk, input_file_id=None, metadata=metadata),
-            "input_file_id": None,
-        }
 
     def _on_demand_uri(self, key: str) -> str:
         return f"{self.settings.output_s3_uri.rstrip('/')}/ondemand/{key}/"
@@ -287,7 +277,7 @@ class BedrockBatchHook(BatchHook):
 
     # results ------------------------------------------------------------------------------------
 
-    def _stream_lines(self, uri: str) -> Iterator[bytes]:
+    def _stream_lines(self, uri: str) -> Generator[bytes]:
         bucket, key = split_s3_uri(uri)
         body = self.s3.get_object(Bucket=bucket, Key=key)["Body"]
         try:

@@ -22,8 +22,8 @@ def test_every_registry_line_loads_a_hook_of_that_provider(provider):
 
 
 def test_an_unknown_provider_names_the_known_ones():
-    with pytest.raises(InvalidInputError, match=r"'bedrock'.*\['anthropic', 'openai', 'server', 'vllm'\]"):
-        get_batch_hook("bedrock")
+    with pytest.raises(InvalidInputError, match=r"'vertex'.*\['anthropic', 'bedrock', 'openai', 'server', 'vllm'\]"):
+        get_batch_hook("vertex")
 
 
 def test_choosing_a_backend_imports_no_other_backend():
@@ -36,7 +36,7 @@ def test_choosing_a_backend_imports_no_other_backend():
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert "hooks.local_results" in out
-    assert "hooks.openai_batch" not in out and "hooks.anthropic_batch" not in out
+    assert "hooks.openai_batch" not in out and "hooks.anthropic_batch" not in out and "hooks.bedrock" not in out
 
 
 def test_the_async_cancel_defaults_to_the_blocking_one():
