@@ -14,17 +14,11 @@ from airflow_batch_provider.descriptors import CompletedBatch
 from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
+from airflow_batch_provider.job_folder import OutputFolder, part_name
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.results.merge import (
-    SUMMARY_FILE,
-    MergeStats,
-    PartSink,
-    format_summary_table,
-    merge_chunk,
-    part_name,
-    remove_stale_parts,
-)
-from airflow_batch_provider.utils.storage import atomic_write, join, makedirs
+from airflow_batch_provider.results.merge import PartSink, merge_chunk, remove_stale_parts
+from airflow_batch_provider.results.summary import MergeStats, format_summary_table
+from airflow_batch_provider.utils.storage import atomic_write, makedirs
 
 
 class MergeResultsOperator(BaseOperator):
@@ -94,10 +88,37 @@ class MergeResultsOperator(BaseOperator):
         if not batches:
             raise ResultsError("MergeResultsOperator received no batches: did the chunk step produce any chunks?")
         makedirs(self.output_dir)
+        metrics = BatchMetrics.from_context(context, provider=batches[0]["provider"], model=batches[0]["model"])
+        total, usage, over = self._merge_all(batches)
+        removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
+        if removed:
+            self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
+        summary = {
+            **total.to_dict(),
+            **cost_summary(usage.cost(self.pricing), *_estimated_costs(batches)),
+            "output": str(self.output_dir),
+            "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
+        }
+        self._emit(context, metrics, total, summary)
+        if self.max_failure_ratio is not None:
+            summary["max_failure_ratio"] = self.max_failure_ratio
+            summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
+        with atomic_write(str(OutputFolder(self.output_dir).summary)) as out:
+            out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        self.log.info("Batch job summary\n%s", format_summary_table(summary))
+        if summary.get("cost_comparison"):
+            self.log.info("%s", summary["cost_comparison"])
+        if over:
+            raise TooManyFailuresError(
+                _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
+            )
+        return summary
+
+    def _merge_all(self, batches: list[dict[str, Any]]) -> tuple[MergeStats, UsageTally, list[dict[str, Any]]]:
+        """Merge each chunk in order; return the totals, this run's usage and the chunks over the failure ratio."""
         hooks: dict[str, BatchHook] = {}
         total = MergeStats()
         usage = UsageTally()
-        metrics = BatchMetrics.from_context(context, provider=batches[0]["provider"], model=batches[0]["model"])
         over: list[dict[str, Any]] = []
         for batch in batches:
             provider = batch["provider"]
@@ -125,29 +146,7 @@ class MergeResultsOperator(BaseOperator):
                         "top_errors": stats.errors.most_common(3),
                     }
                 )
-        removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
-        if removed:
-            self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
-        summary = {
-            **total.to_dict(),
-            **cost_summary(usage.cost(self.pricing), *_estimated_costs(batches)),
-            "output": str(self.output_dir),
-            "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
-        }
-        self._emit(context, metrics, total, summary)
-        if self.max_failure_ratio is not None:
-            summary["max_failure_ratio"] = self.max_failure_ratio
-            summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
-        with atomic_write(join(self.output_dir, SUMMARY_FILE)) as out:
-            out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-        self.log.info("Batch job summary\n%s", format_summary_table(summary))
-        if summary.get("cost_comparison"):
-            self.log.info("%s", summary["cost_comparison"])
-        if over:
-            raise TooManyFailuresError(
-                _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
-            )
-        return summary
+        return total, usage, over
 
     def _emit(self, context: Context, metrics: BatchMetrics, total: MergeStats, summary: dict[str, Any]) -> None:
         """Emit the run's metrics and attach the summary to every outlet Asset's event."""
