@@ -15,21 +15,22 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.chunking import chunks, tables
-from airflow_batch_provider.chunking.chunks import (
-    CHUNKS_DIR,
-    MANIFEST_NAME,
-    build_chunks,
-    check_map_length,
-    derive_custom_id,
-    write_chunks,
-)
+from airflow_batch_provider.chunking import writer
+from airflow_batch_provider.chunking.chunks import build_chunks, check_map_length
+from airflow_batch_provider.chunking.ids import derive_custom_id
 from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
+from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
+from airflow_batch_provider.job_folder import CHUNKS_DIR, MANIFEST_NAME
 
 TEMPLATE = "Classify this product: {title}\n{description}"
 OPENAI = RequestSpec(provider="openai", model="gpt-4o-mini", system_prompt="Be brief.", params={"max_tokens": 5})
 ANTHROPIC = RequestSpec(provider="anthropic", model="claude-haiku-4-5", params={"max_tokens": 16})
+
+
+def write_chunks(*args: Any, **kwargs: Any) -> list[ChunkDescriptor]:
+    """Run the chunk step and return only its descriptors."""
+    return build_chunks(*args, **kwargs).descriptors
 
 
 def products(n: int, start: int = 0) -> pa.Table:
@@ -567,18 +568,9 @@ def test_chunk_files_equal_the_per_row_renderer_byte_for_byte(
     assert rows.column("request_fingerprint").to_pylist() == fingerprints
 
 
-def test_table_reading_lives_in_tables_and_stays_importable_from_chunks() -> None:
-    assert chunks.TableReader is tables.TableReader
-    assert (chunks.CUSTOM_ID, chunks.FINGERPRINT, chunks.DEFAULT_BATCH_ROWS) == (
-        tables.CUSTOM_ID,
-        tables.FINGERPRINT,
-        tables.DEFAULT_BATCH_ROWS,
-    )
-
-
 def test_a_failed_chunk_file_fails_the_job_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk files are written by a background thread; its error must reach the caller."""
-    real = chunks._write_chunk_files
+    real = writer._write_chunk_files
     calls: list[Any] = []
 
     def fail_on_the_second(*args: Any) -> str:
@@ -587,7 +579,7 @@ def test_a_failed_chunk_file_fails_the_job_and_leaves_nothing(tmp_path: Path, mo
             raise OSError("disk full (test)")
         return real(*args)
 
-    monkeypatch.setattr(chunks, "_write_chunk_files", fail_on_the_second)
+    monkeypatch.setattr(writer, "_write_chunk_files", fail_on_the_second)
     job = tmp_path / "job"
     with pytest.raises(OSError, match="disk full"):
         write_chunks(save(products(100), tmp_path / "in.parquet"), job, OPENAI, TEMPLATE, chunk_size=10)
