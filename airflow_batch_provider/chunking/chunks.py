@@ -35,6 +35,7 @@ import pyarrow as pa
 from airflow_batch_provider.chunking.ids import IdBuilder, id_hashes, report_duplicates
 from airflow_batch_provider.chunking.incremental import SkipStats, apply_skip_unchanged, load_previous
 from airflow_batch_provider.chunking.limits import limits_for
+from airflow_batch_provider.chunking.problems import RowProblems
 from airflow_batch_provider.chunking.requests import RenderedRequests, RequestRenderer, RequestSpec, renderer_for
 from airflow_batch_provider.chunking.staging import (
     chunk_descriptors,
@@ -45,7 +46,7 @@ from airflow_batch_provider.chunking.staging import (
     write_manifest,
 )
 from airflow_batch_provider.chunking.tables import DEFAULT_BATCH_ROWS, TableReader, select_columns
-from airflow_batch_provider.chunking.templates import PromptTemplate, RowProblems
+from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.chunking.validation import check_utf8
 from airflow_batch_provider.chunking.writer import ChunkWriter, WrittenChunk, check_line_sizes, rows_batch, rows_schema
 from airflow_batch_provider.descriptors import ChunkDescriptor
@@ -164,13 +165,7 @@ def build_chunks(
         descriptors, skipped = _finish_staging(job, staging, spec, chunks, previous_output)
         publish(job, staging)
     except BaseException:
-        writer.abort()
-        remove_tree(staging.folder)
-        if created_job_dir and isinstance(job.path, Path):
-            try:
-                job.path.rmdir()  # only succeeds when empty: never removes anything of someone else's
-            except OSError:
-                pass
+        _discard(writer, staging, job if created_job_dir else None)
         raise
     return ChunkResult(
         descriptors=descriptors,
@@ -180,6 +175,17 @@ def build_chunks(
         seconds=time.monotonic() - started,
         skipped=skipped,
     )
+
+
+def _discard(writer: ChunkWriter, staging: ChunkFiles, created_job: JobFolder | None) -> None:
+    """Stop writing and remove the staging folder (and the job folder when this run created it)."""
+    writer.abort()
+    remove_tree(staging.folder)
+    if created_job is not None and isinstance(created_job.path, Path):
+        try:
+            created_job.path.rmdir()  # only succeeds when empty: never removes anything of someone else's
+        except OSError:
+            pass
 
 
 def _write_table(

@@ -15,9 +15,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_batch_provider.chunking.arrow_text import to_string_array
 from airflow_batch_provider.chunking.limits import ProviderLimits
+from airflow_batch_provider.chunking.problems import RowProblems
 from airflow_batch_provider.chunking.tables import CUSTOM_ID, TableReader
-from airflow_batch_provider.chunking.templates import RowProblems, to_string_array
 
 
 def derive_custom_id(user_id: str) -> str:

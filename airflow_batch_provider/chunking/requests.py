@@ -9,7 +9,7 @@ once with two sentinel strings in place of the custom id and the user text, spli
 at the sentinels, and per row only splices in ``orjson.dumps(custom_id)`` and
 ``orjson.dumps(text)`` (each a correctly escaped JSON string). :meth:`RequestRenderer.render_arrays`
 does the same for a whole record batch with Arrow kernels (ids and texts escaped exactly as orjson
-does it, see :func:`~airflow_batch_provider.chunking.templates.json_escape`), leaving only the per-row
+does it, see :func:`~airflow_batch_provider.chunking.arrow_text.json_escape`), leaving only the per-row
 sha256 of the fingerprint in Python.
 :meth:`RequestRenderer.request_dict` builds the same request as a plain dict; it is the single
 source of truth and what the tests compare against.
@@ -29,8 +29,8 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from airflow_batch_provider.chunking.arrow_text import concat, json_escape
 from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
-from airflow_batch_provider.chunking.templates import concat, json_escape
 from airflow_batch_provider.chunking.validation import check_model_endpoint
 from airflow_batch_provider.exceptions import InvalidInputError
 
@@ -345,7 +345,7 @@ class RequestRenderer(ABC):
 
         ``custom_ids`` is a string array; ``json_texts`` holds each user text as a JSON string
         literal (:meth:`~airflow_batch_provider.chunking.templates.PromptTemplate.render_json`
-        or :func:`~airflow_batch_provider.chunking.templates.json_strings`). Neither may hold nulls.
+        or :func:`~airflow_batch_provider.chunking.arrow_text.json_strings`). Neither may hold nulls.
         """
         lines, bodies = self.render_lines(custom_ids, json_texts)
         return RenderedRequests(lines, self.fingerprints(bodies))

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pydantic
 import pytest
 
+from airflow_batch_provider.chunking.arrow_text import json_strings
 from airflow_batch_provider.chunking.requests import (
     AnthropicRenderer,
     OpenAIRenderer,
@@ -18,7 +19,6 @@ from airflow_batch_provider.chunking.requests import (
     request_fingerprint,
     strict_json_schema,
 )
-from airflow_batch_provider.chunking.templates import json_strings
 from airflow_batch_provider.exceptions import InvalidInputError
 
 TRICKY_TEXTS = [
