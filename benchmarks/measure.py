@@ -46,7 +46,7 @@ class Stopwatch:
 def chunk_project(clock: Stopwatch, table: str, job_dir: str) -> tuple[int, int]:
     """Write the chunk files of ``table`` under ``job_dir`` with the project's chunk path."""
     from airflow_batch_provider.chunking.chunks import build_chunks
-    from airflow_batch_provider.chunking.requests import RequestSpec
+    from airflow_batch_provider.chunking.spec import RequestSpec
 
     spec = RequestSpec(
         provider="openai",

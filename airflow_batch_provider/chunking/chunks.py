@@ -36,7 +36,8 @@ from airflow_batch_provider.chunking.ids import IdBuilder, id_hashes, report_dup
 from airflow_batch_provider.chunking.incremental import SkipStats, apply_skip_unchanged, load_previous
 from airflow_batch_provider.chunking.limits import limits_for
 from airflow_batch_provider.chunking.problems import RowProblems
-from airflow_batch_provider.chunking.requests import RenderedRequests, RequestRenderer, RequestSpec, renderer_for
+from airflow_batch_provider.chunking.requests import RenderedRequests, RequestRenderer, renderer_for
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.chunking.staging import (
     chunk_descriptors,
     publish,

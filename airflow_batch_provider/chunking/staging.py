@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.chunking.requests import RequestSpec
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.chunking.writer import WrittenChunk
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.job_folder import ChunkFiles, JobFolder

@@ -17,7 +17,7 @@ from airflow_batch_provider.chunking.chunks import (
     check_map_length,
 )
 from airflow_batch_provider.chunking.incremental import carried_summary
-from airflow_batch_provider.chunking.requests import RequestSpec, check_endpoint, default_endpoint
+from airflow_batch_provider.chunking.spec import RequestSpec, check_endpoint, default_endpoint
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.cost.estimate import (
     CostEstimate,

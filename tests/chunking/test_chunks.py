@@ -18,10 +18,12 @@ import pytest
 from airflow_batch_provider.chunking import writer
 from airflow_batch_provider.chunking.chunks import build_chunks, check_map_length
 from airflow_batch_provider.chunking.ids import derive_custom_id
-from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
+from airflow_batch_provider.chunking.requests import renderer_for
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.job_folder import CHUNKS_DIR, MANIFEST_NAME
+from tests.chunking.reference import fingerprint, render_many
 
 TEMPLATE = "Classify this product: {title}\n{description}"
 OPENAI = RequestSpec(provider="openai", model="gpt-4o-mini", system_prompt="Be brief.", params={"max_tokens": 5})
@@ -403,7 +405,7 @@ def test_rows_files_hold_source_columns_ids_and_fingerprints_but_no_bodies(tmp_p
     assert rows.num_rows == 30
     assert not any(isinstance(v, str) and "messages" in v for row in rows.to_pylist() for v in row.values())
     for row in rows.to_pylist():
-        assert row["request_fingerprint"] == renderer.fingerprint(TEMPLATE.format(**row))
+        assert row["request_fingerprint"] == fingerprint(renderer, TEMPLATE.format(**row))
     assert [pq.read_metadata(d["rows_path"]).num_rows for d in descriptors] == [12, 12, 6]
 
 
@@ -562,7 +564,7 @@ def test_chunk_files_equal_the_per_row_renderer_byte_for_byte(
     )
     rows = pa.concat_tables([pq.read_table(d["rows_path"]) for d in descriptors])
     texts = [TEMPLATE.format(**row) for row in table.to_pylist()]
-    lines, fingerprints = renderer_for(spec).render_many(rows.column("custom_id").to_pylist(), texts)
+    lines, fingerprints = render_many(renderer_for(spec), rows.column("custom_id").to_pylist(), texts)
     written = b"".join(Path(d["requests_path"]).read_bytes() for d in descriptors)
     assert written == b"".join(line + b"\n" for line in lines)
     assert rows.column("request_fingerprint").to_pylist() == fingerprints
