@@ -42,7 +42,6 @@ from airflow_batch_provider.chunking.staging import (
     chunk_descriptors,
     publish,
     remove_leftovers,
-    remove_tree,
     with_schema,
     write_manifest,
 )
@@ -54,6 +53,7 @@ from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.job_folder import ChunkFiles, JobFolder
 from airflow_batch_provider.utils.background import run_ahead
+from airflow_batch_provider.utils.storage import remove_tree
 
 DEFAULT_CHUNK_SIZE = 5_000
 

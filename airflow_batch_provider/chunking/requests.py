@@ -81,7 +81,7 @@ class RequestRenderer(ABC):
 
     @abstractmethod
     def request_dict(self, custom_id: str, text: str) -> dict[str, Any]:
-        """Return the full request as a dict, ``custom_id`` first (the reference the tests check the rendered lines against)."""
+        """Return the full request as a dict, ``custom_id`` first (what the tests check rendered lines against)."""
 
     @property
     def body_suffix(self) -> str:

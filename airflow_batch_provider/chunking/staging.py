@@ -9,7 +9,6 @@ moved to ``job_dir/chunks/``, replacing an older one whole. Published files are 
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from airflow_batch_provider.chunking.writer import WrittenChunk
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.job_folder import ChunkFiles, JobFolder
 from airflow_batch_provider.utils import storage
+from airflow_batch_provider.utils.storage import remove_tree
 
 
 def chunk_descriptors(job: JobFolder, spec: RequestSpec, chunks: list[WrittenChunk]) -> list[ChunkDescriptor]:
@@ -94,11 +94,3 @@ def _move(src: storage.AnyPath, dst: storage.AnyPath) -> None:
     else:
         # Object stores have no folder rename: fsspec copies then deletes each object.
         src.fs.mv(src.path, dst.path, recursive=True)  # type: ignore[union-attr]
-
-
-def remove_tree(path: storage.AnyPath) -> None:
-    """Delete a folder and everything under it; a missing folder is fine."""
-    if isinstance(path, Path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.fs.rm(path.path, recursive=True)
