@@ -53,6 +53,7 @@ from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.job_folder import ChunkFiles, JobFolder
 from airflow_batch_provider.utils.background import run_ahead
+from airflow_batch_provider.utils.checks import check_int
 from airflow_batch_provider.utils.storage import remove_tree
 
 DEFAULT_CHUNK_SIZE = 5_000
@@ -72,12 +73,7 @@ class ChunkResult:
 
 def check_chunk_size(chunk_size: int, provider: str) -> int:
     """Return ``chunk_size`` or raise InvalidInputError unless it is 1 … the provider's max requests."""
-    limits = limits_for(provider)
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or not 1 <= chunk_size <= limits.max_requests:
-        raise InvalidInputError(
-            f"chunk_size must be an integer from 1 to {limits.max_requests:,} for {provider}, got {chunk_size!r}."
-        )
-    return chunk_size
+    return check_int("chunk_size", chunk_size, 1, limits_for(provider).max_requests, suffix=f" for {provider}")
 
 
 def check_byte_cap(byte_cap: int | None, provider: str) -> int:
@@ -85,11 +81,7 @@ def check_byte_cap(byte_cap: int | None, provider: str) -> int:
     limits = limits_for(provider)
     if byte_cap is None:
         return limits.default_byte_cap
-    if not isinstance(byte_cap, int) or isinstance(byte_cap, bool) or not 1 <= byte_cap <= limits.max_bytes:
-        raise InvalidInputError(
-            f"byte_cap must be an integer from 1 to {limits.max_bytes:,} bytes for {provider}, got {byte_cap!r}."
-        )
-    return byte_cap
+    return check_int("byte_cap", byte_cap, 1, limits.max_bytes, suffix=f" bytes for {provider}")
 
 
 def check_map_length(num_chunks: int, *, num_rows: int, chunk_size: int, provider: str) -> None:
@@ -145,8 +137,7 @@ def build_chunks(
     started = time.monotonic()
     chunk_size = check_chunk_size(chunk_size, spec.provider)
     byte_cap = check_byte_cap(byte_cap, spec.provider)
-    if not isinstance(batch_rows, int) or batch_rows < 1:
-        raise InvalidInputError(f"batch_rows must be a positive integer, got {batch_rows!r}.")
+    check_int("batch_rows", batch_rows, 1)
     prompt = template if isinstance(template, PromptTemplate) else PromptTemplate(template)
     text_columns = [*prompt.fields, *([id_column] if id_column else [])]
     reader = TableReader(source, batch_rows=batch_rows, string_columns=text_columns)

@@ -18,6 +18,7 @@ import orjson
 from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
 from airflow_batch_provider.chunking.validation import check_model_endpoint
 from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.utils.checks import check_int
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
@@ -143,8 +144,7 @@ class RequestSpec:
         max_tokens = self.params.get("max_tokens")
         if max_tokens is None:
             raise InvalidInputError("Anthropic requests require params['max_tokens'] (a positive integer).")
-        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise InvalidInputError(f"params['max_tokens'] must be a positive integer, got {max_tokens!r}.")
+        check_int("params['max_tokens']", max_tokens, 1)
         if "stop" in self.params and "stop_sequences" in self.params:
             raise InvalidInputError("Pass either params['stop'] or params['stop_sequences'], not both.")
         if self.json_schema is not None and ({"tools", "tool_choice"} & self.params.keys()):

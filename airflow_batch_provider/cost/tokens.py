@@ -45,6 +45,7 @@ import orjson
 from airflow_batch_provider.cost.answers import OutputTally, answer_schema, typical_answer
 from airflow_batch_provider.cost.encodings import TIKTOKEN_DIR_ENV, load_encoding
 from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.utils.checks import check_int
 
 log = logging.getLogger(__name__)
 
@@ -262,12 +263,8 @@ def count_request_tokens(
     ``exact``: None uses tiktoken when it loads offline, False always approximates, True raises
     InvalidInputError unless tiktoken can count for ``model``.
     """
-    if expected_output_tokens is not None and (
-        isinstance(expected_output_tokens, bool)
-        or not isinstance(expected_output_tokens, int)
-        or expected_output_tokens < 0
-    ):
-        raise InvalidInputError(f"expected_output_tokens must be an integer ≥ 0, got {expected_output_tokens!r}.")
+    if expected_output_tokens is not None:
+        check_int("expected_output_tokens", expected_output_tokens, 0)
     counter = counter or TokenCounter(model, provider, exact=exact)
     pieces: list[str] = []
     requests = overhead = 0
