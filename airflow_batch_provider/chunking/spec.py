@@ -211,24 +211,31 @@ def strict_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     return _strictify(root, root)
 
 
-def _strictify(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+def _strictify_children(node: dict[str, Any], root: dict[str, Any]) -> None:
+    """Make every sub-schema of ``node`` strict: definitions, properties, items, anyOf/allOf."""
     for defs_key in ("$defs", "definitions"):
         defs = node.get(defs_key)
         if isinstance(defs, dict):
             for sub in defs.values():
                 if isinstance(sub, dict):
                     _strictify(sub, root)
-    if node.get("type") == "object" and "additionalProperties" not in node:
-        node["additionalProperties"] = False
     properties = node.get("properties")
     if isinstance(properties, dict):
-        node["required"] = list(properties)
         node["properties"] = {k: _strictify(v, root) if isinstance(v, dict) else v for k, v in properties.items()}
     if isinstance(node.get("items"), dict):
         node["items"] = _strictify(node["items"], root)
     for key in ("anyOf", "allOf"):
         if isinstance(node.get(key), list):
             node[key] = [_strictify(v, root) if isinstance(v, dict) else v for v in node[key]]
+
+
+def _strictify(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    _strictify_children(node, root)
+    if node.get("type") == "object" and "additionalProperties" not in node:
+        node["additionalProperties"] = False
+    properties = node.get("properties")
+    if isinstance(properties, dict):
+        node["required"] = list(properties)
     if "default" in node and node["default"] is None:
         del node["default"]
     ref = node.get("$ref")

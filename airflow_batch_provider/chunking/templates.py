@@ -55,6 +55,21 @@ def _add_rows(
         found.add(kind, np.asarray(pc.indices_nonzero(rows)) + offset, advice=advice)
 
 
+def _check_field(name: str, spec: str | None) -> None:
+    """Raise InvalidInputError unless ``{name:spec}`` is a plain column field this module can render."""
+    if name == "" or name.isdigit():
+        raise InvalidInputError(
+            f"prompt_template uses a positional field {{{name}}}; name a column instead, e.g. {{title}}."
+        )
+    if "." in name or "[" in name:
+        raise InvalidInputError(
+            f"prompt_template field {{{name}}} uses attribute or index access; "
+            "only plain column names are supported — add a column with the value you need."
+        )
+    if spec and "{" in spec:
+        raise InvalidInputError(f"prompt_template field {{{name}:{spec}}} has a nested field in its format spec.")
+
+
 class PromptTemplate:
     """A compiled ``str.format`` prompt template over table columns."""
 
@@ -75,19 +90,7 @@ class PromptTemplate:
             if name is None:
                 self._pieces.append((literal, None))
                 continue
-            if name == "" or name.isdigit():
-                raise InvalidInputError(
-                    f"prompt_template uses a positional field {{{name}}}; name a column instead, e.g. {{title}}."
-                )
-            if "." in name or "[" in name:
-                raise InvalidInputError(
-                    f"prompt_template field {{{name}}} uses attribute or index access; "
-                    "only plain column names are supported — add a column with the value you need."
-                )
-            if spec and "{" in spec:
-                raise InvalidInputError(
-                    f"prompt_template field {{{name}:{spec}}} has a nested field in its format spec."
-                )
+            _check_field(name, spec)
             if spec or conversion:
                 fast = False
             self._pieces.append((literal, name))

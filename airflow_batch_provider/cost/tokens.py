@@ -173,20 +173,7 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     pieces: list[str] = []
     overhead = 0
     if "messages" in data:
-        anthropic = provider == "anthropic" or "system" in data
-        per_message = ANTHROPIC_TOKENS_PER_MESSAGE if anthropic else OPENAI_TOKENS_PER_MESSAGE
-        _add_content(data.get("system"), pieces)
-        for message in data.get("messages") or ():
-            overhead += per_message
-            if isinstance(message, Mapping):
-                _add_content(message.get("content"), pieces)
-        overhead += 0 if anthropic else OPENAI_REPLY_PRIMING
-        for key in ("tools", "response_format"):
-            if data.get(key):
-                pieces.append(orjson.dumps(data[key]).decode())
-        schema = answer_schema(data)
-        answer = typical_answer(schema) if schema is not None else None
-        return RequestParts(tuple(pieces), overhead, max_output, typical_answer=answer)
+        return _chat_parts(data, provider, max_output)
     if "input" in data:  # embeddings: no output
         overhead += _add_content(data["input"], pieces)
         return RequestParts(tuple(pieces), overhead, 0, produces_output=False)
@@ -197,6 +184,26 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
         "Cannot find the text of a request: expected 'messages', 'input' or 'prompt' in its body, "
         f"got keys {sorted(data)}."
     )
+
+
+def _chat_parts(data: Mapping[str, Any], provider: str, max_output: int | None) -> RequestParts:
+    """Return the parts of a chat request: system, every message, tools and response format."""
+    pieces: list[str] = []
+    overhead = 0
+    anthropic = provider == "anthropic" or "system" in data
+    per_message = ANTHROPIC_TOKENS_PER_MESSAGE if anthropic else OPENAI_TOKENS_PER_MESSAGE
+    _add_content(data.get("system"), pieces)
+    for message in data.get("messages") or ():
+        overhead += per_message
+        if isinstance(message, Mapping):
+            _add_content(message.get("content"), pieces)
+    overhead += 0 if anthropic else OPENAI_REPLY_PRIMING
+    for key in ("tools", "response_format"):
+        if data.get(key):
+            pieces.append(orjson.dumps(data[key]).decode())
+    schema = answer_schema(data)
+    answer = typical_answer(schema) if schema is not None else None
+    return RequestParts(tuple(pieces), overhead, max_output, typical_answer=answer)
 
 
 def _add_content(content: Any, pieces: list[str]) -> int:

@@ -189,6 +189,19 @@ class BatchEmulator:
         bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         if not bearer and not req.headers.get("x-api-key", "").strip():
             return family(401, "authentication_error", "Missing or empty API key.").response()
+        faulted = self._http_fault(handler, family)
+        if faulted is not None:
+            return faulted
+        before, after = self.store.faults.route_delay(req.method, req.path)
+        if before:
+            self._delay(handler, req, before, "before")
+        response = self._route(req, family)
+        if after:
+            self._delay(handler, req, after, "after")
+        return response
+
+    def _http_fault(self, handler: Handler, family: ErrorFactory) -> Response | None:
+        """Roll the HTTP fault dice: return the injected error, drop the connection, or None to go on."""
         fault = self.store.dice.pick(self.store.faults)
         if fault == "drop":
             self.store.bump("http", "dropped")
@@ -207,9 +220,10 @@ class BatchEmulator:
         if fault == "500":
             self.store.bump("http", "injected_500")
             return family(500, "api_error", "Internal server error (emulator fault http_500_rate).").response()
-        before, after = self.store.faults.route_delay(req.method, req.path)
-        if before:
-            self._delay(handler, req, before, "before")
+        return None
+
+    def _route(self, req: Request, family: ErrorFactory) -> Response:
+        """Answer ``req`` with the first matching route (404 when none matches)."""
         for method, pattern, route in self._routes:
             match = pattern.fullmatch(req.path)
             if match and method == req.method:
@@ -221,12 +235,8 @@ class BatchEmulator:
                 except Exception:
                     log.exception("emulator error on %s %s", req.method, req.path)
                     response = family(500, "api_error", "The emulator failed on this request.").response()
-                break
-        else:
-            response = family(404, "not_found_error", f"Invalid URL ({req.method} {req.path})").response()
-        if after:
-            self._delay(handler, req, after, "after")
-        return response
+                return response
+        return family(404, "not_found_error", f"Invalid URL ({req.method} {req.path})").response()
 
     def _delay(self, handler: Handler, req: Request, seconds: float, phase: str) -> None:
         """Hold one request ``seconds`` (fault ``delay_routes`` / ``delay_after_routes``).
