@@ -83,3 +83,30 @@ def test_chunk_operator_needs_previous_output(tmp_path):
 
     with pytest.raises(InvalidInputError, match="previous_output"):
         ChunkOperator(task_id="c", source="x.parquet", prompt_template="{a}", model="m", skip_unchanged=True)
+
+
+def test_the_chunk_step_publishes_carried_rows_and_schema_with_a_final_manifest(tmp_path):
+    """Carrying and the schema happen before publishing: the manifest lists them, nothing is rewritten after."""
+    from airflow_batch_provider.chunking.chunks import build_chunks
+    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.job_folder import JobFolder
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["x", "y", "z"]}), source)
+    schema = {"type": "object", "properties": {"label": {"type": "string"}}}
+    spec = RequestSpec(provider="openai", model="gpt-4o-mini", response_schema=schema)
+    first = build_chunks(source, tmp_path / "job1", spec, "{text}", id_column="id").descriptors[0]
+    rows = pq.read_table(first["rows_path"]).to_pylist()
+    _previous(tmp_path / "out", [_row(r["custom_id"], r["request_fingerprint"]) for r in rows[:2]])
+
+    job = JobFolder(tmp_path / "job2")
+    result = build_chunks(source, job.path, spec, "{text}", id_column="id", previous_output=str(tmp_path / "out"))
+    (chunk,) = result.descriptors
+    assert orjson.loads(job.chunks.manifest.read_bytes()) == result.descriptors
+    assert chunk["schema_path"] == str(job.chunks.schema) and orjson.loads(job.chunks.schema.read_bytes()) == schema
+    assert chunk["carry_path"] == str(job.chunks.carry(0)) and chunk["num_carried"] == 2
+    assert result.skipped is not None and (result.skipped.rows, result.skipped.carried) == (3, 2)
+    sent = job.chunks.requests(0).read_bytes()
+    assert [orjson.loads(line)["custom_id"] for line in sent.splitlines()] == ["c"]
+    assert chunk["num_requests"] == 1 and chunk["num_bytes"] == len(sent)
+    assert sorted(p.name for p in job.path.iterdir()) == ["chunks"]  # no staging folder left
