@@ -5,7 +5,7 @@ folder and under the merge's output folder after two runs of ``nightly_product_c
 per provider: 1,200 rows, then 1,500 rows into the same output, so ``skip_unchanged`` carries the
 first 1,200 rows (a carry file and a filtered request file of 300 new rows), then the same 1,500
 rows again (every row carried: an empty request file, no batch). The digests were
-recorded with the code of c90dfc8 (before the job folder had one owner); regenerate them only
+recorded with the code of 4f780af (main before the job folder had one owner); regenerate them only
 for an intended format change: ``ABP_RECORD_GOLDEN=1 pytest tests/test_job_folder_golden.py``.
 
 What is compared, and why it is deterministic:
@@ -19,7 +19,7 @@ What is compared, and why it is deterministic:
   so ids are taken in task order, not in the order its worker happens to finish batches. The
   example DAG's chunk_size (10,000) gives one chunk per run: with several, ``dag.test()`` runs the
   mapped submit tasks in no fixed order and the batch ids would swap between chunks;
-- ``chunks/manifest.json`` is the one intended difference: c90dfc8 wrote it before the schema
+- ``chunks/manifest.json`` is the one intended difference: 4f780af wrote it before the schema
   file and the carried rows existed, so it lacked ``schema_path`` and the carry fields. It is
   now written last and must equal the descriptors the chunk task returned (recorded too, as
   normalised JSON), less the cost estimate that the operator adds after the chunk files exist.
@@ -43,7 +43,7 @@ GOLDEN = Path(__file__).parent / "fixtures" / "example_dag_files.json"
 RECORD = os.environ.get("ABP_RECORD_GOLDEN") == "1"
 RUNS = ((1200, "first"), (1500, "grown"), (1500, "unchanged"))
 # Added to each descriptor by ChunkOperator after the chunk files are published (see module doc).
-ESTIMATE_KEYS = ("estimated_cost_usd", "estimated_input_tokens")
+ESTIMATE_KEYS = ("cost_upper_bound_usd", "cost_expected_usd", "estimated_input_tokens")
 
 
 def _normalised(data: bytes, job_dir: Path, output_dir: Path) -> bytes:
