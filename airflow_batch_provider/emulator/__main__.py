@@ -194,8 +194,13 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         delay_after_routes=parse_route_delays(args.delay_after_route, "--delay-after-route"),
     )
     return EmulatorConfig(
-        host=args.host, port=args.port, latency=args.latency, realtime_delay=args.realtime_delay, faults=faults,
-        realtime_slots=args.realtime_slots, scheduling_policy=args.scheduling_policy
+        host=args.host,
+        port=args.port,
+        latency=args.latency,
+        realtime_delay=args.realtime_delay,
+        faults=faults,
+        realtime_slots=args.realtime_slots,
+        scheduling_policy=args.scheduling_policy,
     )
 
 

@@ -28,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     """Return the CLI parser."""
     parser = argparse.ArgumentParser(prog="python -m airflow_batch_provider.intake", description=__doc__)
     parser.add_argument("--queue", required=True, help="queue config as JSON (backend, name, ...)")
-    parser.add_argument("--server-conn", default="openai_compatible_default", help="OpenAI-compatible server connection")
+    parser.add_argument(
+        "--server-conn", default="openai_compatible_default", help="OpenAI-compatible server connection"
+    )
     parser.add_argument("--model", required=True, help="model the server serves")
     parser.add_argument("--system-prompt", default=None)
     parser.add_argument("--max-tokens", type=int, default=64)

@@ -164,7 +164,9 @@ class Aggregator:
     def complete(self, group: Group) -> None:
         """Acknowledge every message of ``group``: call only once its output is durably written."""
         self.queue.ack(group.receipts)
-        log.info("queue %s: acknowledged group %s (%d message(s))", self.queue.name, group.group_id, len(group.receipts))
+        log.info(
+            "queue %s: acknowledged group %s (%d message(s))", self.queue.name, group.group_id, len(group.receipts)
+        )
 
 
 class ReadinessTracker:

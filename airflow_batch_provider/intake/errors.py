@@ -1,8 +1,8 @@
 """Errors of the streaming intake (all ``BatchProviderError``)::
 
-    IntakeError                  base of the intake's errors
-    ├── QueueFullError           the queue is deeper than max_depth; come back after retry_after seconds
-    └── MalformedMessageError    a message is not a valid intake request (goes to the dead-letter queue)
+IntakeError                  base of the intake's errors
+├── QueueFullError           the queue is deeper than max_depth; come back after retry_after seconds
+└── MalformedMessageError    a message is not a valid intake request (goes to the dead-letter queue)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A message is a JSON object ``{"request_id": "...", "prompt": "..."}``. The request id is the
 key of everything downstream (it becomes the chunk's ``custom_id`` and the output's primary
-key), so it must be a valid custom id for every provider: 1–64 characters of ``A–Z a–z 0–9 _ -``
+key), so it must be a valid custom id for every provider: 1-64 characters of ``A-Z a-z 0-9 _ -``
 (Anthropic's rule, the stricter one). What to ask the model (model, system prompt, sampling
 parameters) belongs to the consuming pipeline, exactly as for a table: the prompt is the
 row's text, the pipeline's ``prompt_template`` is ``{prompt}``.
@@ -63,7 +63,8 @@ class IntakeRequest:
             raise MalformedMessageError(f"unknown field(s) {unknown}; only request_id and prompt", message_id)
         request_id, prompt = data.get("request_id"), data.get("prompt")
         try:
-            return cls(request_id, prompt)
+            check_request(request_id, prompt)
+            return cls(str(request_id), str(prompt))
         except MalformedMessageError as exc:
             raise MalformedMessageError(exc.reason, message_id) from None
 

@@ -28,7 +28,9 @@ def open_queue(config: Mapping[str, Any]) -> BatchQueue:
     settings = dict(config)
     backend = settings.pop("backend", None)
     if backend not in BACKENDS:
-        raise InvalidInputError(f"queue backend {backend!r} is not one of {sorted(BACKENDS)}; set 'backend' in the config")
+        raise InvalidInputError(
+            f"queue backend {backend!r} is not one of {sorted(BACKENDS)}; set 'backend' in the config"
+        )
     module_name, _, class_name = BACKENDS[backend].partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
     queue: BatchQueue = cls(**settings)

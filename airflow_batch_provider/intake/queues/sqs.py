@@ -108,7 +108,10 @@ class SqsQueue(BatchQueue):
         found: list[dict[str, Any]] = []
         while True:
             answer = self.client.receive_message(
-                QueueUrl=self.dead_url, MaxNumberOfMessages=SQS_BATCH, VisibilityTimeout=5, MessageAttributeNames=["All"]
+                QueueUrl=self.dead_url,
+                MaxNumberOfMessages=SQS_BATCH,
+                VisibilityTimeout=5,
+                MessageAttributeNames=["All"],
             )
             messages = answer.get("Messages", [])
             if not messages:
