@@ -75,15 +75,24 @@ def airflow_authorizer(dag_id: str = "stream_intake") -> Authorizer:
     return authorize
 
 
+async def current_user(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Any:
+    """Authorize the request's bearer token with the app's authorizer (module level: FastAPI resolves it by name)."""
+    authorize: Authorizer = request.app.state.authorize
+    return await authorize(credentials.credentials if credentials else None)
+
+
+User = Annotated[Any, Depends(current_user)]
+
+
 def create_app(producer: BatchQueueProducer, authorize: Authorizer) -> FastAPI:
     """Build the app around one producer; ``authorize(token)`` raises HTTPException or returns the user."""
     app = FastAPI(title="LLM batch intake", docs_url=None, redoc_url=None)
-
-    async def user(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Any:
-        return await authorize(credentials.credentials if credentials else None)
+    app.state.authorize = authorize
 
     @app.post("/v1/requests", status_code=202)
-    async def submit(body: SubmitBody, _user: Annotated[Any, Depends(user)]) -> Any:
+    async def submit(body: SubmitBody, _user: User) -> Any:
         try:
             request_id = await asyncio.to_thread(producer.submit, body.prompt, body.request_id)
         except QueueFullError as exc:
@@ -97,12 +106,12 @@ def create_app(producer: BatchQueueProducer, authorize: Authorizer) -> FastAPI:
         return {"request_id": request_id, "status": "accepted"}
 
     @app.get("/v1/queue")
-    async def queue_stats(_user: Annotated[Any, Depends(user)]) -> dict[str, Any]:
+    async def queue_stats(_user: User) -> dict[str, Any]:
         stats = await producer.queue.astats()
         return {"depth": stats.depth, "waiting": stats.waiting, "max_depth": producer.max_depth}
 
     @app.get("/health")
-    async def health(request: Request) -> dict[str, bool]:
+    async def health() -> dict[str, bool]:
         return {"ok": True}
 
     return app

@@ -73,7 +73,12 @@ class BatchQueue(ABC):
 
     @abstractmethod
     def receive(self, max_items: int, claim_seconds: float) -> list[Delivery]:
-        """Claim up to ``max_items`` messages for ``claim_seconds``, redeliveries of expired claims first."""
+        """Claim up to ``max_items`` messages for ``claim_seconds``, redeliveries of expired claims first.
+
+        Every consumer of one queue must use the same ``claim_seconds``: SQS applies it when a
+        message is claimed (visibility timeout), Redis when another consumer reclaims it
+        (``XAUTOCLAIM``'s min-idle-time).
+        """
 
     @abstractmethod
     def ack(self, receipts: Sequence[str]) -> None:
