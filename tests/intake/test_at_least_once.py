@@ -71,7 +71,9 @@ def test_killed_worker_loses_nothing_and_writes_nothing_twice(queue, tmp_path):
         first = _start_worker(queue, env, log_path)
         try:
             # Kill once some groups are written and another is claimed but not acknowledged.
-            _wait(lambda: len(_rows(db)) >= 20 and queue.stats().depth - queue.stats().waiting > 0, 60, "a claimed group")
+            _wait(
+                lambda: len(_rows(db)) >= 20 and queue.stats().depth - queue.stats().waiting > 0, 60, "a claimed group"
+            )
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=10)
             written_at_kill = len(_rows(db))
