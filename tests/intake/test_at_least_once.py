@@ -16,6 +16,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -95,6 +96,6 @@ def test_killed_worker_loses_nothing_and_writes_nothing_twice(queue, tmp_path):
     assert len(ids) == len(set(ids)) == N
     assert set(ids) == accepted
     assert {r[1] for r in rows} == {"succeeded"}
-    log = open(log_path).read()
+    log = Path(log_path).read_text()
     redelivered = [int(n) for n in re.findall(r"(\d+) redelivered", log)]
     assert sum(redelivered) > 0, "the killed worker's claimed group was never delivered again"
