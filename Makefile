@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo test lint typecheck pytest clean bench vllm-classes
+.PHONY: venv demo test lint typecheck pytest clean bench vllm-classes bench-stream demo-stream
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,17 @@ test: lint typecheck pytest
 # (BENCH_REPEAT=1: one run per path instead of the best of two up to 1M rows).
 bench: venv
 	$(PY) -m benchmarks.run
+
+# Streaming intake (docs/streaming.md): real-time P50/P99 with and without batch traffic (priority vs FIFO),
+# backpressure, group fill rate; Redis on 127.0.0.1:6379, the emulator and the stream worker as processes.
+bench-stream: venv
+	$(PY) -m benchmarks.stream
+
+# Push N requests through a queue (STREAM_BACKEND=redis|sqs) and the stream_intake DAG; ends with `output:` and `stream:`.
+STREAM_BACKEND ?= redis
+STREAM_N ?= 300
+demo-stream: venv
+	$(PY) scripts/demo_stream.py --backend $(STREAM_BACKEND) --requests $(STREAM_N)
 
 clean:
 	rm -rf .airflow .demo .mypy_cache .ruff_cache .pytest_cache
