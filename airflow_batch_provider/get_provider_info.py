@@ -93,6 +93,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.operators.merge",
                     "airflow_batch_provider.operators.vllm",
                     "airflow_batch_provider.operators.server",
+                    "airflow_batch_provider.operators.intake",
                 ],
             }
         ],
@@ -105,7 +106,7 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": "LLM Batch Inference",
-                "python-modules": ["airflow_batch_provider.triggers.batch"],
+                "python-modules": ["airflow_batch_provider.triggers.batch", "airflow_batch_provider.triggers.intake"],
             }
         ],
         "extra-links": ["airflow_batch_provider.links.BatchConsoleLink"],

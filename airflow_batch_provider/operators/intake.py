@@ -75,7 +75,7 @@ class QueueGroupSensor(BaseSensorOperator):
         policy = _policy(self.max_items, self.max_wait_seconds, self.claim_seconds)
         with open_queue(_queue_config(self.queue_config)) as queue:
             stats = queue.stats()
-        IntakeMetrics(queue=queue.name, backend=queue.backend).queue_depth(stats.depth)
+        IntakeMetrics(queue=queue.name, backend=queue.backend, dag_id=self.dag_id).queue_depth(stats.depth)
         self.log.info("queue %s: depth %d, waiting %d", queue.name, stats.depth, stats.waiting)
         return ReadinessTracker(policy, now=time.time()).observe(stats, time.time())
 
@@ -128,7 +128,8 @@ class CollectGroupOperator(BaseOperator):
         """Collect, write the group table and its receipts, return where they are."""
         policy = _policy(self.max_items, self.max_wait_seconds, self.claim_seconds)
         with open_queue(_queue_config(self.queue_config)) as queue:
-            group = Aggregator(queue, policy).collect()
+            metrics = IntakeMetrics(queue=queue.name, backend=queue.backend, dag_id=self.dag_id)
+            group = Aggregator(queue, policy, metrics).collect()
         if group is None:
             raise AirflowSkipException("the queue had no claimable message left; the next run waits again")
         folder = os.path.join(self.work_dir or default_work_dir(), "stream", sanitise_path_part(queue.name))
