@@ -100,7 +100,7 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": [
             {
                 "integration-name": "LLM Batch Inference",
-                "python-modules": ["airflow_batch_provider.sensors.batch"],
+                "python-modules": ["airflow_batch_provider.sensors.batch", "airflow_batch_provider.sensors.intake"],
             }
         ],
         "triggers": [

@@ -30,11 +30,12 @@ import orjson
 from airflow.sdk import DAG, Param, task
 
 from airflow_batch_provider.operators.chunk import ChunkOperator
-from airflow_batch_provider.operators.intake import AckGroupOperator, CollectGroupOperator, QueueGroupSensor
+from airflow_batch_provider.operators.intake import AckGroupOperator, CollectGroupOperator
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import BatchCompleteSensor
+from airflow_batch_provider.sensors.intake import QueueGroupSensor
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
 
 QUEUE = orjson.loads(os.environ.get("STREAM_INTAKE_QUEUE", '{"backend": "redis", "name": "llm-intake"}'))

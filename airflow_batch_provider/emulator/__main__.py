@@ -96,6 +96,19 @@ from airflow_batch_provider.emulator.faults import DEFAULT_VALIDATION_CODE, Faul
 from airflow_batch_provider.emulator.server import BatchEmulator
 
 
+def _add_scheduling_args(parser: argparse.ArgumentParser) -> None:
+    """Add the realtime scheduler's switches (emulator/scheduling.py)."""
+    parser.add_argument(
+        "--realtime-slots", type=int, default=0, help="realtime requests served at once; 0 = unlimited (default)"
+    )
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=("priority", "fcfs"),
+        default="priority",
+        help="how waiting realtime requests get a slot: by request 'priority' (lower first), or arrival",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the CLI argument parser."""
     parser = argparse.ArgumentParser(
@@ -107,15 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--latency", type=float, default=0.2, help="seconds between batch states (default 0.2)")
     parser.add_argument("--realtime-delay", type=float, default=0.0, help="seconds slept per realtime request")
-    parser.add_argument(
-        "--realtime-slots", type=int, default=0, help="realtime requests served at once; 0 = unlimited (default)"
-    )
-    parser.add_argument(
-        "--scheduling-policy",
-        choices=("priority", "fcfs"),
-        default="priority",
-        help="how waiting realtime requests get a slot: by request 'priority' (lower first), or arrival",
-    )
+    _add_scheduling_args(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of every fault decision (default 0)")
     parser.add_argument("--line-error-rate", type=float, default=0.0, help="fraction of lines failing with 500")
     parser.add_argument("--invalid-line-rate", type=float, default=0.0, help="fraction of lines failing with 400")

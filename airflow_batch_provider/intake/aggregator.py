@@ -114,7 +114,8 @@ class Aggregator:
         self.metrics.dead_lettered(dead)
         if not receipts:
             return None
-        kept = [d for d in deliveries if d.receipt in set(receipts)]
+        kept_receipts = set(receipts)
+        kept = [d for d in deliveries if d.receipt in kept_receipts]
         ids = sorted(d.message_id for d in kept)
         group = Group(
             group_id="g-" + hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16],

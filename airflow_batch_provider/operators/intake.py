@@ -1,4 +1,4 @@
-"""Operators of the streaming-intake DAG: wait for a group, collect it, acknowledge it.
+"""Operators of the streaming-intake DAG: collect a group, acknowledge it (the wait is sensors/intake.py).
 
 ``dags/stream_intake.py`` runs ``@continuous`` (one DAG run after another, ``max_active_runs=1``)::
 
@@ -15,85 +15,30 @@ again; the merge's sink upserts by request id, so nothing is written twice.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
-from airflow.sdk import BaseOperator, BaseSensorOperator, Context
+from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_batch_provider.intake.aggregator import Aggregator, GroupPolicy, ReadinessTracker
+from airflow_batch_provider.intake.aggregator import Aggregator, GroupPolicy
 from airflow_batch_provider.intake.queues import open_queue
 from airflow_batch_provider.intake.sizing import IntakeMetrics
 from airflow_batch_provider.operators.chunk import default_work_dir, sanitise_path_part
-from airflow_batch_provider.triggers.intake import QueueGroupTrigger
 
 
-def _policy(max_items: int | str, max_wait: float | str, claim_seconds: float | str) -> GroupPolicy:
+def policy_from(max_items: int | str, max_wait: float | str, claim_seconds: float | str) -> GroupPolicy:
     return GroupPolicy(max_items=int(max_items), max_wait=float(max_wait), claim_seconds=float(claim_seconds))
 
 
-def _queue_config(queue: dict[str, Any] | str) -> dict[str, Any]:
+def queue_config_from(queue: dict[str, Any] | str) -> dict[str, Any]:
     config = orjson.loads(queue) if isinstance(queue, str) else dict(queue)
     if not isinstance(config, dict):
         raise ValueError(f"queue must be a JSON object with 'backend' and 'name', got {queue!r}")
     return config
-
-
-class QueueGroupSensor(BaseSensorOperator):
-    """Wait until the queue holds a group (``max_items`` waiting, or the oldest waited ``max_wait`` s).
-
-    The first check is made in the worker; after that the task defers to :class:`QueueGroupTrigger`
-    (which only awaits) and holds no worker slot while the queue fills.
-    """
-
-    template_fields: Sequence[str] = ("queue_config", "max_items", "max_wait_seconds", "claim_seconds")
-    ui_color = "#fff3e0"
-
-    def __init__(
-        self,
-        *,
-        queue_config: dict[str, Any] | str,
-        max_items: int | str = 64,
-        max_wait_seconds: float | str = 30.0,
-        claim_seconds: float | str = 600.0,
-        poll_interval: float = 1.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(poke_interval=poll_interval, **kwargs)
-        self.queue_config = queue_config
-        self.max_items = max_items
-        self.max_wait_seconds = max_wait_seconds
-        self.claim_seconds = claim_seconds
-        self.poll_interval = poll_interval
-
-    def poke(self, context: Context) -> bool:
-        """Check the queue once (this process has no memory of earlier pokes, so max_wait uses the backend's dates)."""
-        policy = _policy(self.max_items, self.max_wait_seconds, self.claim_seconds)
-        with open_queue(_queue_config(self.queue_config)) as queue:
-            stats = queue.stats()
-        IntakeMetrics(queue=queue.name, backend=queue.backend, dag_id=self.dag_id).queue_depth(stats.depth)
-        self.log.info("queue %s: depth %d, waiting %d", queue.name, stats.depth, stats.waiting)
-        return ReadinessTracker(policy, now=time.time()).observe(stats, time.time())
-
-    def execute(self, context: Context) -> Any:
-        """Return at once when a group is ready; otherwise defer until it is."""
-        if self.poke(context):
-            return None
-        policy = _policy(self.max_items, self.max_wait_seconds, self.claim_seconds)
-        trigger = QueueGroupTrigger(
-            queue=_queue_config(self.queue_config), policy=policy.to_dict(), poll_interval=self.poll_interval
-        )
-        self.defer(trigger=trigger, method_name="execute_complete")
-
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
-        """Finish when the trigger saw a group; a timeout event fails the task (the next run waits again)."""
-        if event.get("status") != "ready":
-            raise AirflowSkipException(f"no group became ready: {event}")
-        self.log.info("a group is ready: depth %s, waiting %s", event.get("depth"), event.get("waiting"))
 
 
 class CollectGroupOperator(BaseOperator):
@@ -126,8 +71,8 @@ class CollectGroupOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Collect, write the group table and its receipts, return where they are."""
-        policy = _policy(self.max_items, self.max_wait_seconds, self.claim_seconds)
-        with open_queue(_queue_config(self.queue_config)) as queue:
+        policy = policy_from(self.max_items, self.max_wait_seconds, self.claim_seconds)
+        with open_queue(queue_config_from(self.queue_config)) as queue:
             metrics = IntakeMetrics(queue=queue.name, backend=queue.backend, dag_id=self.dag_id)
             group = Aggregator(queue, policy, metrics).collect()
         if group is None:
@@ -170,7 +115,7 @@ class AckGroupOperator(BaseOperator):
         """Delete / XACK every receipt of the group; return how many."""
         with open(self.group["receipts"], "rb") as handle:
             receipts = orjson.loads(handle.read())
-        with open_queue(_queue_config(self.queue_config)) as queue:
+        with open_queue(queue_config_from(self.queue_config)) as queue:
             queue.ack(receipts)
         self.log.info("group %s: acknowledged %d message(s)", self.group["group_id"], len(receipts))
         return len(receipts)

@@ -29,6 +29,12 @@ def test_producer_and_aggregator_emit_the_sizing_metrics(queue):
     assert [v for _, v, _ in stats.of("llm_batch.intake.dead_lettered")] == [1]
     (latency,) = stats.of("llm_batch.intake.flush_latency_s")
     assert 0 <= latency[1] < 30
-    assert latency[2] == {"provider": "stream", "model": "unknown", "dag_id": "d", "queue": queue.name, "backend": queue.backend}
+    assert latency[2] == {
+        "provider": "stream",
+        "model": "unknown",
+        "dag_id": "d",
+        "queue": queue.name,
+        "backend": queue.backend,
+    }
     metrics.tokens_per_second(1000, 2.0)
     assert [v for _, v, _ in stats.of("llm_batch.tokens_per_second")] == [500.0]
