@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import pyarrow as pa
@@ -50,6 +51,11 @@ class ServerGroupHandler:
     priority: int | None = BATCH_PRIORITY
     max_concurrency: int = 16
 
+    @cached_property
+    def hook(self) -> OpenAICompatibleHook:
+        """The server's hook, built once per handler."""
+        return OpenAICompatibleHook(self.conn_id)
+
     def __call__(self, group: Group) -> pa.Table:
         """Send the group's requests; return the rows (``custom_id`` = request id)."""
         renderer = renderer_for(self.spec)
@@ -61,7 +67,7 @@ class ServerGroupHandler:
                 body["priority"] = self.priority
             requests.append(ServerRequest(index, request.request_id, line["url"], body, f"{group.group_id}-{index}"))
         lines: list[bytes] = []
-        run = OpenAICompatibleHook(self.conn_id).run(
+        run = self.hook.run(
             requests, fingerprint=group.group_id, write=lines.append, max_concurrency=self.max_concurrency
         )
         group.extra["tokens"] = run.input_tokens + run.output_tokens
