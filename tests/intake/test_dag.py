@@ -72,3 +72,27 @@ def test_one_group_through_the_pipeline(queue, stream_env, openai_conn, route, s
         assert stats["realtime"]["requests"] == 30 and stats["openai"]["batches_created"] == 0
     else:
         assert stats["openai"]["batches_created"] == 1 and stats["realtime"]["requests"] == 0
+
+
+def test_a_group_whose_output_was_not_written_is_not_acknowledged_and_comes_back(queue, stream_env, monkeypatch):
+    """The merge cannot write (results DB in a missing folder): no ack; the next run redoes the group, once."""
+    producer = BatchQueueProducer(queue)
+    accepted = {producer.submit(f"question {i}") for i in range(10)}
+    conf = {"queue": queue.config(), "max_items": 64, "max_wait": 0, "route": "server", "claim_seconds": 2}
+    good = json.dumps({"conn_type": "sqlite", "host": stream_env})
+    monkeypatch.setenv("AIRFLOW_CONN_STREAM_RESULTS_DB", json.dumps({"conn_type": "sqlite", "host": "/nonexistent/x.db"}))
+    dag = _dag()
+    for task in dag.tasks:
+        task.retries = 0  # fail at once instead of waiting out the DAG's retry delay
+    failed = dag.test(run_conf=conf)
+    assert failed.state == "failed"
+    states = {ti.task_id: ti.state for ti in failed.get_task_instances()}
+    assert states["merge"] == "failed" and states["ack_group"] == "upstream_failed"
+    stats = queue.stats()
+    assert stats.depth == 10  # still claimed by the failed run, not acknowledged
+    monkeypatch.setenv("AIRFLOW_CONN_STREAM_RESULTS_DB", good)
+    again = _dag().test(run_conf=conf)  # a fresh parse (new sink); waits out the claim, takes the group again
+    assert again.state == "success"
+    rows = _rows(stream_env)
+    assert {r[0] for r in rows} == accepted and len(rows) == 10
+    assert queue.stats().depth == 0
