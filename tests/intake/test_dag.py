@@ -80,7 +80,9 @@ def test_a_group_whose_output_was_not_written_is_not_acknowledged_and_comes_back
     accepted = {producer.submit(f"question {i}") for i in range(10)}
     conf = {"queue": queue.config(), "max_items": 64, "max_wait": 0, "route": "server", "claim_seconds": 2}
     good = json.dumps({"conn_type": "sqlite", "host": stream_env})
-    monkeypatch.setenv("AIRFLOW_CONN_STREAM_RESULTS_DB", json.dumps({"conn_type": "sqlite", "host": "/nonexistent/x.db"}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STREAM_RESULTS_DB", json.dumps({"conn_type": "sqlite", "host": "/nonexistent/x.db"})
+    )
     dag = _dag()
     for task in dag.tasks:
         task.retries = 0  # fail at once instead of waiting out the DAG's retry delay
