@@ -20,14 +20,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_batch_provider.metrics import PREFIX, BatchMetrics, StatsBackend
-
-QUEUE_DEPTH = f"{PREFIX}.intake.queue_depth"
-ACCEPTED = f"{PREFIX}.intake.accepted"
-REJECTED = f"{PREFIX}.intake.rejected"
-DEAD_LETTERED = f"{PREFIX}.intake.dead_lettered"
-GROUP_FILL_RATE = f"{PREFIX}.intake.group_fill_rate"
-FLUSH_LATENCY = f"{PREFIX}.intake.flush_latency_s"
+from airflow_batch_provider.metrics import (
+    INTAKE_ACCEPTED,
+    INTAKE_DEAD_LETTERED,
+    INTAKE_FLUSH_LATENCY,
+    INTAKE_GROUP_FILL_RATE,
+    INTAKE_QUEUE_DEPTH,
+    INTAKE_REJECTED,
+    BatchMetrics,
+    StatsBackend,
+)
 
 
 class IntakeMetrics(BatchMetrics):
@@ -48,25 +50,25 @@ class IntakeMetrics(BatchMetrics):
 
     def queue_depth(self, depth: int) -> None:
         """Gauge the unacknowledged messages."""
-        self._emit("gauge", QUEUE_DEPTH, depth)
+        self._emit("gauge", INTAKE_QUEUE_DEPTH, depth)
 
     def accepted(self, count: int = 1) -> None:
         """Count enqueued requests."""
-        self._emit("incr", ACCEPTED, count)
+        self._emit("incr", INTAKE_ACCEPTED, count)
 
     def rejected(self, count: int = 1) -> None:
         """Count requests refused for backpressure."""
-        self._emit("incr", REJECTED, count)
+        self._emit("incr", INTAKE_REJECTED, count)
 
     def dead_lettered(self, count: int) -> None:
         """Count malformed messages moved aside."""
         if count:
-            self._emit("incr", DEAD_LETTERED, count)
+            self._emit("incr", INTAKE_DEAD_LETTERED, count)
 
     def group_flushed(self, items: int, max_items: int, latency_s: float) -> None:
         """Gauge the group's fill rate and flush latency."""
-        self._emit("gauge", GROUP_FILL_RATE, items / max_items)
-        self._emit("gauge", FLUSH_LATENCY, latency_s)
+        self._emit("gauge", INTAKE_GROUP_FILL_RATE, items / max_items)
+        self._emit("gauge", INTAKE_FLUSH_LATENCY, latency_s)
 
     def extra(self) -> dict[str, Any]:
         """Return the tags (for logs)."""
