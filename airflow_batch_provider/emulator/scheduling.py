@@ -26,12 +26,22 @@ POLICIES = ("priority", "fcfs")
 
 
 @dataclass(eq=False)
+class _Run:
+    """One spell in a slot. Times are set under the lock when the slot is granted / taken away, so
+    the service clock counts only time actually held, not the moments a thread takes to wake up."""
+
+    started_at: float
+    preempted_at: float = 0.0
+    preempted: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(eq=False)
 class _Ticket:
     priority: int
     seq: int
     remaining: float
     running: bool = False
-    run_event: threading.Event = field(default_factory=threading.Event)
+    run: _Run | None = None
 
 
 class RealtimeScheduler:
@@ -65,11 +75,15 @@ class RealtimeScheduler:
             with self._cond:
                 while not ticket.running:
                     self._cond.wait()
-                event, started = ticket.run_event, time.monotonic()
-            preempted = event.wait(ticket.remaining)
+                spell = ticket.run
+            assert spell is not None  # set whenever running is
+            spell.preempted.wait(max(0.0, spell.started_at + ticket.remaining - time.monotonic()))
             with self._cond:
-                ticket.remaining -= time.monotonic() - started
-                if not preempted:
+                # Read under the lock: a preemption landing just as the wait timed out still counts
+                # (the ticket is back in the waiting line and must be run out from there).
+                if spell.preempted.is_set():
+                    ticket.remaining -= spell.preempted_at - spell.started_at
+                else:
                     self._running.discard(ticket)
                     ticket.running = False
                     self._dispatch()
@@ -86,7 +100,9 @@ class RealtimeScheduler:
                 break
             self._running.discard(worst)
             worst.running = False
-            worst.run_event.set()  # its thread stops its clock and waits to run again
+            assert worst.run is not None
+            worst.run.preempted_at = time.monotonic()
+            worst.run.preempted.set()  # its thread stops its clock and waits to run again
             heapq.heappush(self._waiting, (self._key(worst), worst.seq, worst))
             self.preemptions += 1
             self._start(heapq.heappop(self._waiting)[2])
@@ -94,7 +110,7 @@ class RealtimeScheduler:
 
     def _start(self, ticket: _Ticket) -> None:
         ticket.running = True
-        ticket.run_event = threading.Event()
+        ticket.run = _Run(started_at=time.monotonic())
         self._running.add(ticket)
 
     def stats(self) -> dict[str, int | str]:

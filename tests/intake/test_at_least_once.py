@@ -2,8 +2,10 @@
 
 The worker is a real process (``python -m airflow_batch_provider.intake``) answering through the
 emulator's realtime route (the self-hosted server path) and upserting into SQLite; the queue is
-moto's SQS or Redis. The kill lands while a group is claimed and not acknowledged, so that
-group must come back (visibility timeout / XAUTOCLAIM) and be rewritten under the same keys.
+moto's SQS or Redis. Once some groups are written, the emulator holds every further request
+(a route delay), so the next group sits claimed and unacknowledged inside its generation; the
+kill lands there, and that group must come back (visibility timeout / XAUTOCLAIM) and be
+written under the same keys.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def _start_worker(queue, env: dict[str, str], log_path: str) -> subprocess.Popen
     args = [
         sys.executable, "-m", "airflow_batch_provider.intake", "--queue", json.dumps(queue.config()),
         "--model", "m", "--sink-conn", "stream_results", "--max-items", "20", "--max-wait", "0.2",
-        "--claim-seconds", "2", "--max-concurrency", "4",
+        "--claim-seconds", "3", "--max-concurrency", "4",
     ]  # fmt: skip
     with open(log_path, "ab") as log:
         return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -58,8 +60,7 @@ def _wait(condition, timeout: float, what: str) -> None:
 def test_killed_worker_loses_nothing_and_writes_nothing_twice(queue, tmp_path):
     db = str(tmp_path / "results.sqlite")
     log_path = str(tmp_path / "worker.log")
-    # 0.1 s of model time, 4 in flight: a group of 20 takes about 0.5 s, a wide window to kill it in.
-    with BatchEmulator(EmulatorConfig(realtime_delay=0.1)) as emulator:
+    with BatchEmulator(EmulatorConfig(realtime_delay=0.02)) as emulator:
         env = {
             **os.environ,
             "AIRFLOW_CONN_STREAM_RESULTS": json.dumps({"conn_type": "sqlite", "host": db}),
@@ -77,11 +78,14 @@ def test_killed_worker_loses_nothing_and_writes_nothing_twice(queue, tmp_path):
                 stats = queue.stats()
                 return stats.depth - stats.waiting
 
-            _wait(lambda: 20 <= len(_rows(db)) <= N - 40 and claimed() > 0, 120, "a claimed group")
+            _wait(lambda: len(_rows(db)) >= 20, 120, "the first group")
+            emulator.set_faults(delay_routes={"POST /v1/chat/completions": 600})
+            _wait(lambda: emulator.stats()["http"]["delayed_in_flight"], 60, "a group held in generation")
+            assert claimed() > 0
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=10)
+            emulator.set_faults()
             assert len(_rows(db)) < N
-            assert claimed() > 0  # the dead worker's group is still claimed, not acknowledged
 
             second = _start_worker(queue, env, log_path)
             try:
