@@ -17,7 +17,7 @@ from types import FrameType
 
 import orjson
 
-from airflow_batch_provider.chunking.requests import RequestSpec
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.intake.aggregator import Aggregator, GroupPolicy
 from airflow_batch_provider.intake.queues import open_queue
 from airflow_batch_provider.intake.worker import BATCH_PRIORITY, ServerGroupHandler, StreamWorker

@@ -22,7 +22,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
+from airflow_batch_provider.chunking.requests import renderer_for
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.hooks.openai_compatible import OpenAICompatibleHook, ServerRequest
 from airflow_batch_provider.intake.aggregator import Aggregator, Group, ReadinessTracker
 from airflow_batch_provider.results.parse import parse_openai_line
