@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo test lint typecheck pytest clean bench vllm-classes bench-stream demo-stream redis
+.PHONY: venv demo test lint typecheck pytest clean bench vllm-classes bench-stream demo-stream redis browser-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,12 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-pytest: venv vllm-classes redis
+# The browser tests (pytest -m browser) drive Debian's chromium through chromium-driver; idempotent.
+browser-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+
+pytest: venv vllm-classes redis browser-deps
 	$(VENV)/bin/pytest
 
 test: lint typecheck pytest

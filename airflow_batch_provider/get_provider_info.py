@@ -109,7 +109,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_batch_provider.triggers.batch", "airflow_batch_provider.triggers.intake"],
             }
         ],
-        "extra-links": ["airflow_batch_provider.links.BatchConsoleLink"],
+        "extra-links": ["airflow_batch_provider.links.BatchConsoleLink", "airflow_batch_provider.links.RunReportLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_batch_provider.hooks.openai_batch.OpenAIBatchHook",

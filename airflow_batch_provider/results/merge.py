@@ -31,7 +31,7 @@ from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.job_folder import OutputFolder
 from airflow_batch_provider.results.structured import OutputValidator
-from airflow_batch_provider.results.summary import MergeStats
+from airflow_batch_provider.results.summary import MergeStats, keep_examples
 from airflow_batch_provider.results.table import EMBEDDING, TEXT, concat_results, records_to_table, result_schema
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.utils.storage import atomic_write, to_path
@@ -213,17 +213,25 @@ def _stats(
     retried = pc.greater(tries, 1)
     stats.retried_rows = _count(retried)
     stats.recovered_rows = _count(pc.and_(retried, pc.equal(status, "succeeded")))
+    truncated = pc.equal(table.column("finish_reason"), "length")
+    stats.truncated_rows = _count(truncated)
+    if stats.truncated_rows:
+        keep_examples(stats.truncated_examples, ids.filter(pc.fill_null(truncated, False)).to_pylist())
     failed = pc.not_equal(status, "succeeded")
     if _count(failed):
         details = pa.table(
             {
+                "custom_id": ids,
                 "status": status,
                 "error": table.column("error"),
                 "error_code": error_code,
                 "http_status": http_status,
             }
         ).filter(failed)
-        stats.errors.update(describe_failure(rec) for rec in details.to_pylist())
+        for rec in details.to_pylist():
+            kind = describe_failure(rec)
+            stats.errors[kind] += 1
+            keep_examples(stats.error_examples.setdefault(kind, []), [rec["custom_id"]])
     answered_ids = pc.unique(results.column("custom_id"))
     stats.unmatched_results = len(answered_ids) - _count(pc.is_in(answered_ids, value_set=ids))
     return stats

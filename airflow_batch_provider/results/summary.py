@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batch_provider.cost.estimate import cost_rows
 
 TOP_ERRORS = 5
+EXAMPLE_IDS = 3  # custom_ids kept per error kind (and of truncated answers) in the summary
+
+
+def keep_examples(kept: list[str], more: Iterable[str]) -> None:
+    """Append custom_ids from ``more`` to ``kept`` until it holds :data:`EXAMPLE_IDS`."""
+    for custom_id in more:
+        if len(kept) >= EXAMPLE_IDS:
+            return
+        kept.append(custom_id)
 
 
 @dataclass
@@ -31,6 +40,9 @@ class MergeStats:
     new_output_tokens: int = 0
     retried_rows: int = 0  # rows sent in more than one batch
     recovered_rows: int = 0  # ... that succeeded in the end
+    error_examples: dict[str, list[str]] = field(default_factory=dict)  # error kind -> a few custom_ids
+    truncated_rows: int = 0  # answers cut by the output-token cap (finish_reason "length")
+    truncated_examples: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> int:
@@ -54,9 +66,14 @@ class MergeStats:
         self.requests_sent += other.requests_sent
         self.requests_resent += other.requests_resent
         self.batches += other.batches
+        for kind, ids in other.error_examples.items():
+            keep_examples(self.error_examples.setdefault(kind, []), ids)
+        self.truncated_rows += other.truncated_rows
+        keep_examples(self.truncated_examples, other.truncated_examples)
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able summary."""
+        top = self.errors.most_common(TOP_ERRORS)
         return {
             "rows": self.rows,
             "chunks": self.chunks,
@@ -66,7 +83,10 @@ class MergeStats:
             "carried_rows": self.carried_rows,
             "retried_rows": self.retried_rows,
             "recovered_rows": self.recovered_rows,
-            "top_errors": [[what, count] for what, count in self.errors.most_common(TOP_ERRORS)],
+            "top_errors": [[what, count] for what, count in top],
+            "error_examples": {what: self.error_examples.get(what, []) for what, _ in top},
+            "truncated_rows": self.truncated_rows,
+            "truncated_examples": list(self.truncated_examples),
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "unmatched_results": self.unmatched_results,
