@@ -1,11 +1,14 @@
 """Provider metadata read by Airflow's providers manager (entry point ``apache_airflow_provider``).
 
-Kept free of imports: Airflow calls it while its own configuration is still loading.
+Kept free of imports but the version (the package's ``__init__`` holds nothing else): Airflow
+calls it while its own configuration is still loading.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from airflow_batch_provider import __version__
 
 _OPENAI_FIELDS: dict[str, Any] = {
     "organization": {
@@ -97,7 +100,7 @@ def get_provider_info() -> dict[str, Any]:
         "name": "LLM Batch Inference",
         "description": "Batch LLM inference through provider batch APIs (OpenAI, Anthropic, Amazon Bedrock) "
         "and self-hosted vLLM.",
-        "versions": ["0.1.0"],
+        "versions": [__version__],
         "integrations": [
             {
                 "integration-name": "LLM Batch Inference",
@@ -127,22 +130,23 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.operators.merge",
                     "airflow_batch_provider.operators.vllm",
                     "airflow_batch_provider.operators.server",
+                    "airflow_batch_provider.operators.intake",
                 ],
             }
         ],
         "sensors": [
             {
                 "integration-name": "LLM Batch Inference",
-                "python-modules": ["airflow_batch_provider.sensors.batch"],
+                "python-modules": ["airflow_batch_provider.sensors.batch", "airflow_batch_provider.sensors.intake"],
             }
         ],
         "triggers": [
             {
                 "integration-name": "LLM Batch Inference",
-                "python-modules": ["airflow_batch_provider.triggers.batch"],
+                "python-modules": ["airflow_batch_provider.triggers.batch", "airflow_batch_provider.triggers.intake"],
             }
         ],
-        "extra-links": ["airflow_batch_provider.links.BatchConsoleLink"],
+        "extra-links": ["airflow_batch_provider.links.BatchConsoleLink", "airflow_batch_provider.links.RunReportLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_batch_provider.hooks.openai_batch.OpenAIBatchHook",

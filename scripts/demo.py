@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from airflow_batch_provider.results.merge import format_summary_table
+from airflow_batch_provider.results.summary import format_summary_table
 
 REPO = Path(__file__).resolve().parent.parent
 FRESH_START = "make clean (removes .demo/ and .airflow/), or delete the output folder above"
@@ -221,7 +221,10 @@ def main() -> int:
     if failed or notable.get("error"):
         print_failure(returncode, notable, before, after, output_dir)
         return 1
-    print_summary(json.loads(summary_file.read_text()), args.backend, time.time() - started)
+    summary = json.loads(summary_file.read_text())
+    print_summary(summary, args.backend, time.time() - started)
+    if summary.get("report"):
+        print(f"report: {summary['report']}  (open it in a browser; also under 'LLM batches' in the Airflow UI)")
     print(f"output: {output_dir}")
     return 0
 

@@ -36,15 +36,15 @@ import orjson
 
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
+from airflow_batch_provider.job_folder import JobFolder
 from airflow_batch_provider.status import BatchState
-from airflow_batch_provider.utils.storage import atomic_write, join, to_path
+from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 if TYPE_CHECKING:
     from airflow_batch_provider.hooks.base import BatchHook
 
 log = logging.getLogger(__name__)
 
-RETRIES_DIR = "retries"
 DEFAULT_MAX_LINE_RETRIES = 2
 
 #: Error codes/types (OpenAI ``error.code``/``type``, Anthropic ``error.type``) that mean "try again".
@@ -96,7 +96,7 @@ def describe_failure(record: ResultRecord) -> str:
 
 def retry_path(job_dir: str, chunk_index: int, attempt: int) -> str:
     """Return the requests file of follow-up ``attempt`` (2, 3, ...) of a chunk."""
-    return join(job_dir, RETRIES_DIR, f"chunk-{int(chunk_index):05d}.attempt-{int(attempt)}.jsonl")
+    return str(JobFolder(job_dir).retry_requests(chunk_index, attempt))
 
 
 def attempt_requests_path(chunk: Mapping[str, Any], attempt: int) -> str:
@@ -213,7 +213,7 @@ def describe_file(path: str) -> FollowUpFile:
 
 
 def _cancel_marker(job_dir: str, batch_id: str) -> str:
-    return join(job_dir, RETRIES_DIR, "cancelled", f"{batch_id}.json")
+    return str(JobFolder(job_dir).cancel_marker(batch_id))
 
 
 def mark_cancelled_by_us(job_dir: str, batch_id: str, why: str) -> None:

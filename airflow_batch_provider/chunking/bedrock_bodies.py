@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from airflow_batch_provider.exceptions import InvalidInputError
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.chunking.requests import RequestSpec
+    from airflow_batch_provider.chunking.spec import RequestSpec
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 Family = Literal["anthropic", "nova"]

@@ -22,14 +22,6 @@ class ProviderLimits:
     # Fewest requests one batch may hold (Bedrock: 100 records per job); see chunking/min_records.py.
     min_requests: int = 1
 
-    def check_custom_id(self, custom_id: str) -> bool:
-        """Return True when the provider accepts ``custom_id`` as-is."""
-        if not custom_id:
-            return False
-        if self.max_custom_id_chars is not None and len(custom_id) > self.max_custom_id_chars:
-            return False
-        return self.custom_id_pattern is None or bool(self.custom_id_pattern.fullmatch(custom_id))
-
 
 OPENAI_LIMITS = ProviderLimits(
     provider="openai",

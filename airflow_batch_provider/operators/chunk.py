@@ -10,15 +10,14 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_batch_provider.chunking.chunks import (
-    CHUNKS_DIR,
     DEFAULT_CHUNK_SIZE,
     build_chunks,
     check_byte_cap,
     check_chunk_size,
     check_map_length,
 )
-from airflow_batch_provider.chunking.incremental import SkipStats, apply_skip_unchanged, carried_summary, load_previous
-from airflow_batch_provider.chunking.requests import RequestSpec, check_endpoint, default_endpoint
+from airflow_batch_provider.chunking.incremental import carried_summary
+from airflow_batch_provider.chunking.spec import RequestSpec, check_endpoint, default_endpoint
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.cost.estimate import (
     CostEstimate,
@@ -32,9 +31,8 @@ from airflow_batch_provider.cost.estimate import (
 )
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.job_folder import JobFolder
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.results.structured import SCHEMA_FILE, save_schema
-from airflow_batch_provider.utils import storage
 
 WORK_DIR_ENV = "AIRFLOW_BATCH_WORK_DIR"
 _UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
@@ -244,15 +242,11 @@ class ChunkOperator(BaseOperator):
             chunk_size=chunk_size,
             byte_cap=self.byte_cap,
             columns=self.columns,
+            previous_output=self.previous_output if self.skip_unchanged else None,
         )
         descriptors = result.descriptors
-        if spec.json_schema is not None:
-            schema_path = storage.join(job_dir, CHUNKS_DIR, SCHEMA_FILE)
-            save_schema(spec.json_schema, schema_path)
-            descriptors = [ChunkDescriptor(**d, schema_path=schema_path) for d in descriptors]
-        skipped: SkipStats | None = None
-        if self.skip_unchanged and self.previous_output:
-            descriptors, skipped = apply_skip_unchanged(descriptors, load_previous(self.previous_output))
+        skipped = result.skipped
+        if skipped is not None:
             self.log.info(
                 "skip_unchanged: %s of %s rows already have a result for the same request; sending %s",
                 f"{skipped.carried:,}",
@@ -272,7 +266,7 @@ class ChunkOperator(BaseOperator):
             *(carried_summary(skipped) if skipped else []),
             ("expected cost", _cost_line(estimate.expected)),
             ("cost upper bound", _cost_line(estimate.upper_bound)),
-            ("written to", f"{job_dir}/chunks"),
+            ("written to", str(JobFolder(job_dir).chunks.folder)),
         ]
         width = max(len(name) for name, _ in summary)
         self.log.info("Chunk summary:\n%s", "\n".join(f"  {name:<{width}}  {value}" for name, value in summary))

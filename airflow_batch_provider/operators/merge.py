@@ -14,17 +14,13 @@ from airflow_batch_provider.descriptors import CompletedBatch
 from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
+from airflow_batch_provider.job_folder import OutputFolder, part_name
+from airflow_batch_provider.links import RunReportLink
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.results.merge import (
-    SUMMARY_FILE,
-    MergeStats,
-    PartSink,
-    format_summary_table,
-    merge_chunk,
-    part_name,
-    remove_stale_parts,
-)
-from airflow_batch_provider.utils.storage import atomic_write, join, makedirs
+from airflow_batch_provider.report import write_run_report
+from airflow_batch_provider.results.merge import PartSink, merge_chunk, remove_stale_parts
+from airflow_batch_provider.results.summary import MergeStats, format_summary_table
+from airflow_batch_provider.utils.storage import atomic_write, makedirs
 
 
 class MergeResultsOperator(BaseOperator):
@@ -58,6 +54,7 @@ class MergeResultsOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("batches", "output_dir", "conn_id")
     ui_color = "#e6f5e6"
+    operator_extra_links = (RunReportLink(),)
 
     def __init__(
         self,
@@ -94,11 +91,44 @@ class MergeResultsOperator(BaseOperator):
         if not batches:
             raise ResultsError("MergeResultsOperator received no batches: did the chunk step produce any chunks?")
         makedirs(self.output_dir)
+        metrics = BatchMetrics.from_context(context, provider=batches[0]["provider"], model=batches[0]["model"])
+        total, usage, over, per_chunk = self._merge_all(batches)
+        removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
+        if removed:
+            self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
+        summary = {
+            **total.to_dict(),
+            **cost_summary(usage.cost(self.pricing), *_estimated_costs(batches)),
+            "output": str(self.output_dir),
+            "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
+        }
+        self._emit(context, metrics, total, summary)
+        if self.max_failure_ratio is not None:
+            summary["max_failure_ratio"] = self.max_failure_ratio
+            summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
+        summary["report"] = write_run_report(self.output_dir, summary, per_chunk, _report_title(self.dag_id, context))
+        with atomic_write(str(OutputFolder(self.output_dir).summary)) as out:
+            out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
+        self.log.info("Batch job summary\n%s", format_summary_table(summary))
+        self.log.info("run report: %s", summary["report"])
+        if summary.get("cost_comparison"):
+            self.log.info("%s", summary["cost_comparison"])
+        if over:
+            raise TooManyFailuresError(
+                _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
+            )
+        return summary
+
+    def _merge_all(
+        self, batches: list[dict[str, Any]]
+    ) -> tuple[MergeStats, UsageTally, list[dict[str, Any]], list[tuple[dict[str, Any], MergeStats]]]:
+        """Merge each chunk in order; return the totals, this run's usage, the chunks over the failure
+        ratio and each chunk's counters (for the run report)."""
         hooks: dict[str, BatchHook] = {}
         total = MergeStats()
         usage = UsageTally()
-        metrics = BatchMetrics.from_context(context, provider=batches[0]["provider"], model=batches[0]["model"])
         over: list[dict[str, Any]] = []
+        per_chunk: list[tuple[dict[str, Any], MergeStats]] = []  # for the run report
         for batch in batches:
             provider = batch["provider"]
             hook = hooks.get(provider) or hooks.setdefault(provider, self._hook(provider))
@@ -113,6 +143,7 @@ class MergeResultsOperator(BaseOperator):
                 dict(stats.statuses),
             )
             total.add(stats)
+            per_chunk.append((batch, stats))
             ratio = stats.failed / stats.rows if stats.rows else 0.0
             if self.max_failure_ratio is not None and ratio > self.max_failure_ratio:
                 over.append(
@@ -125,29 +156,7 @@ class MergeResultsOperator(BaseOperator):
                         "top_errors": stats.errors.most_common(3),
                     }
                 )
-        removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
-        if removed:
-            self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
-        summary = {
-            **total.to_dict(),
-            **cost_summary(usage.cost(self.pricing), *_estimated_costs(batches)),
-            "output": str(self.output_dir),
-            "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
-        }
-        self._emit(context, metrics, total, summary)
-        if self.max_failure_ratio is not None:
-            summary["max_failure_ratio"] = self.max_failure_ratio
-            summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
-        with atomic_write(join(self.output_dir, SUMMARY_FILE)) as out:
-            out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
-        self.log.info("Batch job summary\n%s", format_summary_table(summary))
-        if summary.get("cost_comparison"):
-            self.log.info("%s", summary["cost_comparison"])
-        if over:
-            raise TooManyFailuresError(
-                _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
-            )
-        return summary
+        return total, usage, over, per_chunk
 
     def _emit(self, context: Context, metrics: BatchMetrics, total: MergeStats, summary: dict[str, Any]) -> None:
         """Emit the run's metrics and attach the summary to every outlet Asset's event."""
@@ -177,6 +186,11 @@ def _estimated_costs(batches: list[dict[str, Any]]) -> tuple[float | None, float
         values = [b.get(key) for b in batches]
         sums.append(None if any(v is None for v in values) else float(sum(values)))  # type: ignore[arg-type]
     return sums[0], sums[1]
+
+
+def _report_title(dag_id: str | None, context: Context) -> str:
+    run = context.get("dag_run")
+    return f"{dag_id} / {run.run_id}" if run is not None else str(dag_id)
 
 
 def _too_many_failures_message(over: list[dict[str, Any]], limit: float | None, num_chunks: int) -> str:

@@ -16,9 +16,8 @@ result was carried over by ``skip_unchanged``, see :mod:`airflow_batch_provider.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -27,14 +26,15 @@ import pyarrow.parquet as pq
 
 from airflow_batch_provider.batches.line_retry import describe_failure, read_custom_ids, retry_path
 from airflow_batch_provider.chunking.incremental import read_carried
-from airflow_batch_provider.cost.estimate import cost_rows
 from airflow_batch_provider.descriptors import CompletedBatch, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.job_folder import OutputFolder
 from airflow_batch_provider.results.structured import OutputValidator
+from airflow_batch_provider.results.summary import MergeStats, keep_examples
 from airflow_batch_provider.results.table import EMBEDDING, TEXT, concat_results, records_to_table, result_schema
 from airflow_batch_provider.status import BatchState
-from airflow_batch_provider.utils.storage import atomic_write, join, to_path
+from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,6 @@ RESULT_COLUMNS = (
     "batch_id",
     "attempts",
 )
-SUMMARY_FILE = "_SUMMARY.json"
-TOP_ERRORS = 5
 _PREFERENCE = {"succeeded": 0, "invalid_output": 1, "errored": 2, "expired": 3, "canceled": 4, "missing": 5}
 
 
@@ -59,75 +57,6 @@ class PartSink(Protocol):
     def write_part(self, table: pa.Table, chunk_index: int) -> int:
         """Write one merged part; return the rows written."""
         ...
-
-
-def part_name(chunk_index: int) -> str:
-    """Return the deterministic file name of a chunk's output part."""
-    return f"part-{chunk_index:05d}.parquet"
-
-
-@dataclass
-class MergeStats:
-    """Counters for one merge (one chunk, or a whole job once added up)."""
-
-    rows: int = 0
-    chunks: int = 0
-    statuses: Counter[str] = field(default_factory=Counter)
-    input_tokens: int = 0
-    output_tokens: int = 0
-    unmatched_results: int = 0
-    requests_sent: int = 0  # requests in the chunks' first batches
-    requests_resent: int = 0  # ... plus these, sent again in follow-up batches (line retries)
-    batches: int = 0  # batches created, follow-ups included
-    errors: Counter[str] = field(default_factory=Counter)  # "status/code: message" of every failed row
-    carried_rows: int = 0  # unchanged rows whose stored result was kept (skip_unchanged)
-    new_input_tokens: int = 0  # tokens of rows sent in this run (what this run pays for)
-    new_output_tokens: int = 0
-    retried_rows: int = 0  # rows sent in more than one batch
-    recovered_rows: int = 0  # ... that succeeded in the end
-
-    @property
-    def failed(self) -> int:
-        """Return the rows whose final status is not ``succeeded``."""
-        return self.rows - self.statuses.get("succeeded", 0)
-
-    def add(self, other: MergeStats) -> None:
-        """Add another merge's counters to these."""
-        self.rows += other.rows
-        self.chunks += other.chunks
-        self.statuses.update(other.statuses)
-        self.errors.update(other.errors)
-        self.retried_rows += other.retried_rows
-        self.carried_rows += other.carried_rows
-        self.recovered_rows += other.recovered_rows
-        self.input_tokens += other.input_tokens
-        self.output_tokens += other.output_tokens
-        self.new_input_tokens += other.new_input_tokens
-        self.new_output_tokens += other.new_output_tokens
-        self.unmatched_results += other.unmatched_results
-        self.requests_sent += other.requests_sent
-        self.requests_resent += other.requests_resent
-        self.batches += other.batches
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-able summary."""
-        return {
-            "rows": self.rows,
-            "chunks": self.chunks,
-            "statuses": dict(sorted(self.statuses.items())),
-            "succeeded": self.statuses.get("succeeded", 0),
-            "failed": self.failed,
-            "carried_rows": self.carried_rows,
-            "retried_rows": self.retried_rows,
-            "recovered_rows": self.recovered_rows,
-            "top_errors": [[what, count] for what, count in self.errors.most_common(TOP_ERRORS)],
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "unmatched_results": self.unmatched_results,
-            "requests_sent": self.requests_sent,
-            "requests_resent": self.requests_resent,
-            "batches": self.batches,
-        }
 
 
 @dataclass
@@ -284,17 +213,25 @@ def _stats(
     retried = pc.greater(tries, 1)
     stats.retried_rows = _count(retried)
     stats.recovered_rows = _count(pc.and_(retried, pc.equal(status, "succeeded")))
+    truncated = pc.equal(table.column("finish_reason"), "length")
+    stats.truncated_rows = _count(truncated)
+    if stats.truncated_rows:
+        keep_examples(stats.truncated_examples, ids.filter(pc.fill_null(truncated, False)).to_pylist())
     failed = pc.not_equal(status, "succeeded")
     if _count(failed):
         details = pa.table(
             {
+                "custom_id": ids,
                 "status": status,
                 "error": table.column("error"),
                 "error_code": error_code,
                 "http_status": http_status,
             }
         ).filter(failed)
-        stats.errors.update(describe_failure(rec) for rec in details.to_pylist())
+        for rec in details.to_pylist():
+            kind = describe_failure(rec)
+            stats.errors[kind] += 1
+            keep_examples(stats.error_examples.setdefault(kind, []), [rec["custom_id"]])
     answered_ids = pc.unique(results.column("custom_id"))
     stats.unmatched_results = len(answered_ids) - _count(pc.is_in(answered_ids, value_set=ids))
     return stats
@@ -376,7 +313,7 @@ def merge_chunk(
             stats.unmatched_results,
             ", ".join(s.batch_id for s in chunk_attempts(batch)),
         )
-    with atomic_write(join(output_dir, part_name(batch["chunk_index"]))) as out:
+    with atomic_write(str(OutputFolder(output_dir).part(batch["chunk_index"]))) as out:
         pq.write_table(table, out, compression="zstd")
     if sink is not None:
         sink.write_part(table, batch["chunk_index"])
@@ -385,43 +322,14 @@ def merge_chunk(
 
 def remove_stale_parts(output_dir: str, keep: Sequence[str]) -> list[str]:
     """Delete part files this merge did not write (a job that shrank) and temporaries of a killed one."""
-    folder = to_path(output_dir)
+    output = OutputFolder(output_dir)
     removed: list[str] = []
-    if not folder.exists():
+    if not output.path.exists():
         return removed
-    for path in folder.iterdir():
-        stale_part = path.name.startswith("part-") and path.name.endswith(".parquet") and path.name not in keep
-        # ".part-NNNNN.parquet.<id>.tmp": a merge killed while writing; readers skip it, we remove it.
-        leftover = path.name.startswith(".part-") and path.name.endswith(".tmp")
-        if stale_part or leftover:
+    for path in output.path.iterdir():
+        stale_part = output.is_part(path.name) and path.name not in keep
+        # A merge killed while writing left a temporary; readers skip it, we remove it.
+        if stale_part or output.is_unfinished_part(path.name):
             path.unlink()
             removed.append(path.name)
     return removed
-
-
-def format_summary_table(summary: dict[str, Any], extra: Sequence[tuple[str, str]] = ()) -> str:
-    """Render a merge summary (plus ``extra`` rows, e.g. the demo's) as a small aligned text table."""
-    rows: list[tuple[str, str]] = [
-        ("rows", f"{summary['rows']:,}"),
-        ("chunks", f"{summary['chunks']:,}"),
-        ("batches", f"{summary.get('batches', 0):,} (follow-ups included)"),
-        ("requests sent", f"{summary['requests_sent']:,}"),
-    ]
-    if summary.get("requests_resent"):
-        rows.append(("requests resent", f"{summary['requests_resent']:,} (line retries, in follow-up batches)"))
-    # Always shown: a rerun that sends nothing must say why (rows kept from an earlier run).
-    rows.append(("rows carried", f"{summary.get('carried_rows', 0):,} (stored results of an earlier run, not sent)"))
-    rows += [(f"status {name}", f"{count:,}") for name, count in summary["statuses"].items()]
-    if summary.get("retried_rows"):
-        rows.append(("rows retried", f"{summary['retried_rows']:,} ({summary.get('recovered_rows', 0):,} recovered)"))
-    rows += [(f"error x{count:,}", what) for what, count in summary.get("top_errors", [])[:3]]
-    rows += [
-        ("input tokens", f"{summary['input_tokens']:,}"),
-        ("output tokens", f"{summary['output_tokens']:,}"),
-    ]
-    rows += cost_rows(summary)
-    if summary.get("output"):
-        rows.append(("output", str(summary["output"])))
-    rows += extra
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)

@@ -13,6 +13,7 @@ from airflow_batch_provider.chunking.limits import BEDROCK_LIMITS
 from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
 from airflow_batch_provider.cost.tokens import request_parts
 from airflow_batch_provider.exceptions import InvalidInputError
+from tests.chunking.reference import render
 
 CLAUDE = "anthropic.claude-3-5-haiku-20241022-v1:0"
 SCHEMA = {"title": "answer", "type": "object", "properties": {"label": {"type": "string"}}}
@@ -27,7 +28,7 @@ def test_anthropic_body_is_the_bedrock_messages_format():
     line = renderer_for(
         _spec(system_prompt="Be brief.", response_schema=SCHEMA, params={"max_tokens": 16, "stop": "x"})
     )
-    record = orjson.loads(line.render("p1", "Classify: lamp\u2028x"))
+    record = orjson.loads(render(line, "p1", "Classify: lamp\u2028x"))
     assert list(record) == ["custom_id", "modelInput"]
     body = record["modelInput"]
     assert body["anthropic_version"] == ANTHROPIC_VERSION and "model" not in body
@@ -70,7 +71,7 @@ def test_bad_specs_fail_before_anything_is_written(model, params, match):
 
 
 def test_record_line_renames_the_first_key_only():
-    line = renderer_for(_spec()).render("p1", 'says "custom_id"')
+    line = render(renderer_for(_spec()), "p1", 'says "custom_id"')
     record = orjson.loads(to_record_line(line))
     assert record["recordId"] == "p1" and "custom_id" not in record
     assert record["modelInput"]["messages"][0]["content"] == 'says "custom_id"'
@@ -79,7 +80,7 @@ def test_record_line_renames_the_first_key_only():
 
 
 def test_token_estimate_reads_model_input():
-    parts = request_parts(renderer_for(_spec()).render("p1", "hello there"), "bedrock")
+    parts = request_parts(render(renderer_for(_spec()), "p1", "hello there"), "bedrock")
     assert parts.pieces == ("hello there",) and parts.max_output == 16
 
 

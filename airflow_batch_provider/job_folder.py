@@ -1,0 +1,166 @@
+"""Every path under a job folder and an output folder: the on-disk contract between the stages.
+
+One job folder per ChunkOperator run; each stage writes only its own part of it::
+
+    job_dir/
+      chunks/                                 the chunk step's output, published whole (see below)
+        chunk-00000.jsonl                     requests, one per line
+        chunk-00000.rows.parquet              source columns + custom_id + request_fingerprint
+        chunk-00000.carry.parquet             stored results of unchanged rows (skip_unchanged)
+        schema.json                           the structured-output JSON Schema
+        manifest.json                         the ChunkDescriptor list, written last
+      .staging-<hex>/                         the chunk step at work: the same names as chunks/
+      .old-chunks-<hex>/                      a replaced chunks/ folder, being removed
+      retries/chunk-00000.attempt-2.jsonl     the lines attempt 1 left retryable (line retries)
+      retries/cancelled/<batch_id>.json       "we cancelled this batch" markers
+      results/chunk-00000.output.jsonl        answers of self-hosted generation (vLLM, servers)
+      results/chunk-00000.output.meta.json    ... and the sidecar that says the file is complete
+
+    output_dir/                               the merge step's dataset
+      part-00000.parquet                      one part per chunk, same index
+      _SUMMARY.json                           the job summary
+      .part-00000.parquet.<hex>.tmp           a part being written (or left by a killed merge)
+
+The chunk step writes into a staging folder and moves it to ``chunks/`` only when every file,
+the manifest last, is there; published files are never rewritten. Paths may be local or any
+``ObjectStoragePath`` URL. This module imports nothing above :mod:`airflow_batch_provider.utils`,
+so publishing and retention code can use it too.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from airflow_batch_provider.utils.storage import AnyPath, to_path
+
+CHUNKS_DIR = "chunks"
+RETRIES_DIR = "retries"
+CANCELLED_DIR = "cancelled"
+RESULTS_DIR = "results"
+MANIFEST_NAME = "manifest.json"
+SCHEMA_NAME = "schema.json"
+SUMMARY_NAME = "_SUMMARY.json"
+STAGING_PREFIX = ".staging-"
+REPLACED_PREFIX = f".old-{CHUNKS_DIR}-"
+
+
+def chunk_stem(index: int) -> str:
+    """Return the name every file of chunk ``index`` starts with: ``chunk-00003``."""
+    return f"chunk-{int(index):05d}"
+
+
+def part_name(chunk_index: int) -> str:
+    """Return the deterministic file name of a chunk's output part: ``part-00003.parquet``."""
+    return f"part-{int(chunk_index):05d}.parquet"
+
+
+class ChunkFiles:
+    """The files of a chunks folder: the published ``chunks/`` or a staging folder (same names)."""
+
+    def __init__(self, folder: AnyPath) -> None:
+        self.folder = folder
+
+    def requests(self, index: int) -> AnyPath:
+        """Return chunk ``index``'s requests file (JSONL)."""
+        return self.folder / f"{chunk_stem(index)}.jsonl"
+
+    def rows(self, index: int) -> AnyPath:
+        """Return chunk ``index``'s rows file (parquet)."""
+        return self.folder / f"{chunk_stem(index)}.rows.parquet"
+
+    def carry(self, index: int) -> AnyPath:
+        """Return chunk ``index``'s carried results (parquet; only with skip_unchanged)."""
+        return self.folder / f"{chunk_stem(index)}.carry.parquet"
+
+    @property
+    def manifest(self) -> AnyPath:
+        """Return the manifest: the ChunkDescriptor list, the last file written."""
+        return self.folder / MANIFEST_NAME
+
+    @property
+    def schema(self) -> AnyPath:
+        """Return the structured-output JSON Schema file."""
+        return self.folder / SCHEMA_NAME
+
+
+class JobFolder:
+    """The folder of one job: chunk files, line retries, cancel markers and self-hosted results."""
+
+    def __init__(self, job_dir: str | os.PathLike[str]) -> None:
+        self.path = to_path(job_dir)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def chunks(self) -> ChunkFiles:
+        """Return the published chunk files."""
+        return ChunkFiles(self.path / CHUNKS_DIR)
+
+    def new_staging(self) -> ChunkFiles:
+        """Return a fresh, uniquely named staging folder (not created yet) for the chunk step."""
+        return ChunkFiles(self.path / f"{STAGING_PREFIX}{uuid.uuid4().hex}")
+
+    def new_replaced(self) -> AnyPath:
+        """Return a unique name to move the old ``chunks/`` folder to while it is replaced."""
+        return self.path / f"{REPLACED_PREFIX}{uuid.uuid4().hex}"
+
+    @staticmethod
+    def is_leftover(name: str) -> bool:
+        """Return True for a staging or replaced folder that a killed chunk step left behind."""
+        return name.startswith((STAGING_PREFIX, REPLACED_PREFIX))
+
+    def retry_requests(self, chunk_index: int, attempt: int) -> AnyPath:
+        """Return the requests file of a chunk's follow-up batch ``attempt`` (2, 3 ...)."""
+        return self.path / RETRIES_DIR / f"{chunk_stem(chunk_index)}.attempt-{int(attempt)}.jsonl"
+
+    def cancel_marker(self, batch_id: str) -> AnyPath:
+        """Return the marker that says this package cancelled ``batch_id``."""
+        return self.path / RETRIES_DIR / CANCELLED_DIR / f"{batch_id}.json"
+
+    def results(self, chunk_index: int, results_dir: str | None = None) -> AnyPath:
+        """Return the self-hosted answers of a chunk, in ``results_dir`` or ``job_dir/results``."""
+        folder = to_path(results_dir) if results_dir else self.path / RESULTS_DIR
+        return folder / f"{chunk_stem(chunk_index)}.output.jsonl"
+
+
+def results_meta(output_path: str) -> str:
+    """Return the sidecar of a results file (``….output.jsonl`` → ``….output.meta.json``)."""
+    stem = output_path[: -len(".jsonl")] if output_path.endswith(".jsonl") else output_path
+    return f"{stem}.meta.json"
+
+
+class OutputFolder:
+    """The merge step's dataset: one parquet part per chunk and the job summary."""
+
+    def __init__(self, output_dir: str | os.PathLike[str]) -> None:
+        self.path = to_path(output_dir)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def part(self, chunk_index: int) -> AnyPath:
+        """Return the output part of chunk ``chunk_index``."""
+        return self.path / part_name(chunk_index)
+
+    @property
+    def summary(self) -> AnyPath:
+        """Return the job summary file."""
+        return self.path / SUMMARY_NAME
+
+    @staticmethod
+    def is_part(name: str) -> bool:
+        """Return True for an output part's file name."""
+        return name.startswith("part-") and name.endswith(".parquet")
+
+    @staticmethod
+    def is_unfinished_part(name: str) -> bool:
+        """Return True for a part's temporary (``.part-NNNNN.parquet.<id>.tmp``): readers skip it."""
+        return name.startswith(".part-") and name.endswith(".tmp")
+
+    def parts(self) -> list[AnyPath]:
+        """Return the existing part files, in chunk order (none when the folder does not exist)."""
+        if not self.path.exists():
+            return []
+        return sorted((p for p in self.path.iterdir() if self.is_part(p.name)), key=lambda p: p.name)
