@@ -53,7 +53,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.chunking.chunks import derive_custom_id
+from airflow_batch_provider.chunking.ids import derive_custom_id
 from airflow_batch_provider.examples import synthetic_products
 from tests.scheduler.conftest import DAG_ID
 from tests.scheduler.deployment import Deployment
