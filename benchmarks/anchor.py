@@ -56,7 +56,12 @@ def ensure_anchor_venv() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(ANCHOR_VENV)], check=True)
         pip = [str(ANCHOR_VENV / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
         subprocess.run(
-            [*pip, f"apache-airflow-providers-common-ai[openai]=={ANCHOR_VERSION}", "apache-airflow>=3.3,<4", "pyarrow"],
+            [
+                *pip,
+                f"apache-airflow-providers-common-ai[openai]=={ANCHOR_VERSION}",
+                "apache-airflow>=3.3,<4",
+                "pyarrow",
+            ],
             check=True,
         )
         marker.touch()
@@ -137,12 +142,20 @@ def run_one(side: str, rows: int, table: str, airflow: Path) -> dict[str, Any]:
         db_before = db.stat().st_size
         if side == "project":
             dag_id = PROJECT_DAG
-            conf = {"rows": rows, "data_dir": str(Path(table).parent), "output_dir": str(work / "output"),
-                    "poll_interval": POLL_INTERVAL}  # fmt: skip
+            conf = {
+                "rows": rows,
+                "data_dir": str(Path(table).parent),
+                "output_dir": str(work / "output"),
+                "poll_interval": POLL_INTERVAL,
+            }
         else:
             dag_id = ANCHOR_DAG
-            conf = {"table": table, "result_path": f"file://{work}/results", "output_file": str(work / "joined.parquet"),
-                    "poll_interval": POLL_INTERVAL}  # fmt: skip
+            conf = {
+                "table": table,
+                "result_path": f"file://{work}/results",
+                "output_file": str(work / "joined.parquet"),
+                "poll_interval": POLL_INTERVAL,
+            }
         log_path = run_dir / f"dags-test-{rows}.log"
         started = time.monotonic()
         with log_path.open("wb") as log:
@@ -153,7 +166,9 @@ def run_one(side: str, rows: int, table: str, airflow: Path) -> dict[str, Any]:
         proc.returncode = os.waitstatus_to_exitcode(status)
         state = _run_state(db, dag_id)
         if proc.returncode != 0 or state != "success":
-            raise RuntimeError(f"{side} at {rows:,} rows: dags test exit {proc.returncode}, run {state}; see {log_path}")
+            raise RuntimeError(
+                f"{side} at {rows:,} rows: dags test exit {proc.returncode}, run {state}; see {log_path}"
+            )
         sent = _requests_sent(port)
     finally:
         os.killpg(emulator.pid, signal.SIGTERM)

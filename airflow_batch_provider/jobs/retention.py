@@ -131,13 +131,13 @@ def parse_age(text: str) -> float:
     """Return seconds for ``"7d"``, ``"12h"``, ``"30m"``, ``"90s"`` or a plain number of seconds."""
     units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     value = text.strip().lower()
+    number, unit = (value[:-1], units[value[-1]]) if value and value[-1] in units else (value, 1)
     try:
-        if value and value[-1] in units:
-            seconds = float(value[:-1]) * units[value[-1]]
-        else:
-            seconds = float(value)
+        seconds = float(number) * unit
     except ValueError:
-        raise InvalidInputError(f"--older-than {text!r}: write a number and a unit, e.g. 7d, 12h, 30m or 90s.")
+        raise InvalidInputError(
+            f"--older-than {text!r}: write a number and a unit, e.g. 7d, 12h, 30m or 90s."
+        ) from None
     if seconds < 0:
         raise InvalidInputError(f"--older-than {text!r} is negative; write e.g. 7d.")
     return seconds
