@@ -9,7 +9,8 @@ machine. The last line printed is machine-readable::
 
 ``chunk_ratio`` and ``merge_ratio`` are project rows/s over reference rows/s, the lowest over the
 table sizes; ``rss_1m_mb`` / ``rss_5m_mb`` are the project merge's peak RSS at the first and last
-size (1M and 5M rows by default), ``chunk_rss_1m_mb`` / ``chunk_rss_5m_mb`` the project chunk step's; ``overhead_per_chunk_s`` (all of Airflow's overhead over the
+size (1M and 5M rows by default), ``chunk_rss_1m_mb`` / ``chunk_rss_5m_mb`` the project chunk
+step's; ``overhead_per_chunk_s`` (all of Airflow's overhead over the
 chunks, once-per-run costs included) and ``overhead_per_mapped_task_s`` (what each mapped task
 instance adds: the issue's "per mapped chunk task") come from :mod:`benchmarks.dag_overhead`.
 """
