@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo test lint typecheck pytest clean bench vllm-classes bench-stream demo-stream redis
+.PHONY: venv demo test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
