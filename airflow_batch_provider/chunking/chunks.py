@@ -53,6 +53,7 @@ from airflow_batch_provider.chunking.writer import ChunkWriter, WrittenChunk, ch
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.job_folder import ChunkFiles, JobFolder
+from airflow_batch_provider.utils.arrow_memory import returning_memory
 from airflow_batch_provider.utils.background import run_ahead
 from airflow_batch_provider.utils.checks import check_int
 from airflow_batch_provider.utils.storage import remove_tree
@@ -153,8 +154,9 @@ def build_chunks(
     try:
         staging.folder.mkdir(parents=True, exist_ok=True)
         ids = IdBuilder(spec.limits, id_column, selected)
-        num_rows = _write_table(reader, selected, prompt, renderer_for(spec), ids, writer, byte_cap)
-        chunks = writer.finish()
+        with returning_memory():  # flat RSS: freed batch buffers go back to the OS at once
+            num_rows = _write_table(reader, selected, prompt, renderer_for(spec), ids, writer, byte_cap)
+            chunks = writer.finish()
         descriptors, skipped = _finish_staging(job, staging, spec, chunks, previous_output)
         publish(job, staging)
     except BaseException:
