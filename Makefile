@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo test lint typecheck pytest clean bench vllm-classes bench-stream demo-stream redis browser-deps
+.PHONY: venv demo test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis browser-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,12 @@ STREAM_BACKEND ?= redis
 STREAM_N ?= 300
 demo-stream: venv redis
 	$(PY) scripts/demo_stream.py --backend $(STREAM_BACKEND) --requests $(STREAM_N)
+
+# The example DAG against apache-airflow-providers-common-ai's LLMBatchOperator (installed on first use in
+# its own virtualenv, .demo/anchor/venv) on the same emulator and rows, interleaved, at 10k and 50k rows
+# (docs/performance.md). Last line: anchor: wall_ratio_10k=… wall_ratio_50k=… rss_ratio_50k=… db_kb_50k=…
+bench-anchor: venv
+	$(PY) -m benchmarks.anchor
 
 clean:
 	rm -rf .airflow .demo .mypy_cache .ruff_cache .pytest_cache

@@ -15,6 +15,7 @@ One job folder per ChunkOperator run; each stage writes only its own part of it:
       retries/cancelled/<batch_id>.json       "we cancelled this batch" markers
       results/chunk-00000.output.jsonl        answers of self-hosted generation (vLLM, servers)
       results/chunk-00000.output.meta.json    ... and the sidecar that says the file is complete
+      merged.json                             written once the run merged; its request bodies removed
 
     output_dir/                               the merge step's dataset
       part-00000.parquet                      one part per chunk, same index
@@ -41,6 +42,7 @@ RESULTS_DIR = "results"
 MANIFEST_NAME = "manifest.json"
 SCHEMA_NAME = "schema.json"
 SUMMARY_NAME = "_SUMMARY.json"
+MERGED_NAME = "merged.json"
 STAGING_PREFIX = ".staging-"
 REPLACED_PREFIX = f".old-{CHUNKS_DIR}-"
 
@@ -118,6 +120,29 @@ class JobFolder:
     def cancel_marker(self, batch_id: str) -> AnyPath:
         """Return the marker that says this package cancelled ``batch_id``."""
         return self.path / RETRIES_DIR / CANCELLED_DIR / f"{batch_id}.json"
+
+    def retry_requests_of(self, chunk_index: int) -> list[AnyPath]:
+        """Return every follow-up requests file of chunk ``chunk_index`` that exists (attempts 2, 3 ...)."""
+        folder = self.path / RETRIES_DIR
+        if not folder.exists():
+            return []
+        prefix = f"{chunk_stem(chunk_index)}.attempt-"
+        return sorted(p for p in folder.iterdir() if p.name.startswith(prefix) and p.name.endswith(".jsonl"))
+
+    @property
+    def merged_record(self) -> AnyPath:
+        """Return ``merged.json``: when the run merged and what retention removed (jobs/retention.py)."""
+        return self.path / MERGED_NAME
+
+    @staticmethod
+    def looks_like_job(names: set[str]) -> bool:
+        """Return True when a folder holding ``names`` is a job folder (for ``jobs gc``)."""
+        return CHUNKS_DIR in names or MERGED_NAME in names or any(JobFolder.is_leftover(n) for n in names)
+
+    @staticmethod
+    def file_exists(path: str) -> bool:
+        """Return True when ``path`` (local or object storage) exists."""
+        return bool(to_path(path).exists())
 
     def results(self, chunk_index: int, results_dir: str | None = None) -> AnyPath:
         """Return the self-hosted answers of a chunk, in ``results_dir`` or ``job_dir/results``."""

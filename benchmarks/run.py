@@ -4,11 +4,13 @@ Every measured path runs in its own process (see :mod:`benchmarks.measure`), ref
 project back to back on the same cached input, so the ratio compares like with like on a busy
 machine. The last line printed is machine-readable::
 
-    bench: chunk_ratio=X merge_ratio=Y rss_1m_mb=A rss_5m_mb=B overhead_per_chunk_s=C overhead_per_mapped_task_s=D
+    bench: chunk_ratio=X merge_ratio=Y rss_1m_mb=A rss_5m_mb=B chunk_rss_1m_mb=E chunk_rss_5m_mb=F
+    overhead_per_chunk_s=C overhead_per_mapped_task_s=D   (one line)
 
 ``chunk_ratio`` and ``merge_ratio`` are project rows/s over reference rows/s, the lowest over the
 table sizes; ``rss_1m_mb`` / ``rss_5m_mb`` are the project merge's peak RSS at the first and last
-size (1M and 5M rows by default); ``overhead_per_chunk_s`` (all of Airflow's overhead over the
+size (1M and 5M rows by default), ``chunk_rss_1m_mb`` / ``chunk_rss_5m_mb`` the project chunk
+step's; ``overhead_per_chunk_s`` (all of Airflow's overhead over the
 chunks, once-per-run costs included) and ``overhead_per_mapped_task_s`` (what each mapped task
 instance adds: the issue's "per mapped chunk task") come from :mod:`benchmarks.dag_overhead`.
 """
@@ -173,14 +175,16 @@ def summary_line(results: list[dict[str, Any]], dag: dict[str, Any] | None) -> s
     """Return the machine-readable last line."""
     chunk = min(r["ratio"] for r in results if r["stage"] == "chunk" and "ratio" in r)
     merge = min(r["ratio"] for r in results if r["stage"] == "merge" and "ratio" in r)
-    merge_rss = [
-        r["peak_rss_mb"] for r in sorted(results, key=lambda r: r["size"]) if r["stage"] == "merge" and "ratio" in r
-    ]
+    merge_rss, chunk_rss = (
+        [r["peak_rss_mb"] for r in sorted(results, key=lambda r: r["size"]) if r["stage"] == stage and "ratio" in r]
+        for stage in ("merge", "chunk")
+    )
     overhead = "nan" if dag is None else f"{dag['overhead_per_chunk_s']:.3f}"
     per_task = "nan" if dag is None else f"{dag['marginal_per_task_s']:.3f}"
     return (
         f"bench: chunk_ratio={chunk:.2f} merge_ratio={merge:.2f} rss_1m_mb={merge_rss[0]:.0f} "
-        f"rss_5m_mb={merge_rss[-1]:.0f} overhead_per_chunk_s={overhead} overhead_per_mapped_task_s={per_task}"
+        f"rss_5m_mb={merge_rss[-1]:.0f} chunk_rss_1m_mb={chunk_rss[0]:.0f} chunk_rss_5m_mb={chunk_rss[-1]:.0f} "
+        f"overhead_per_chunk_s={overhead} overhead_per_mapped_task_s={per_task}"
     )
 
 

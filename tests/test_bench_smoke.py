@@ -96,8 +96,8 @@ def test_table_and_summary_line() -> None:
     table = run.format_table(results, dag)
     assert "1,000,000" in table and "150,000" in table and "overhead per chunk 0.200 s" in table
     assert run.summary_line(results, dag) == (
-        "bench: chunk_ratio=1.40 merge_ratio=1.10 rss_1m_mb=300 rss_5m_mb=330 overhead_per_chunk_s=0.200 "
-        "overhead_per_mapped_task_s=0.050"
+        "bench: chunk_ratio=1.40 merge_ratio=1.10 rss_1m_mb=300 rss_5m_mb=330 chunk_rss_1m_mb=400 "
+        "chunk_rss_5m_mb=420 overhead_per_chunk_s=0.200 overhead_per_mapped_task_s=0.050"
     )
     assert run.summary_line(results, None).endswith("overhead_per_chunk_s=nan overhead_per_mapped_task_s=nan")
     assert run._sizes("5000000,1_000_000") == [1_000_000, 5_000_000]

@@ -13,8 +13,10 @@ What is compared, and why it is deterministic:
 - the listing of both folders (relative paths, sorted) and each file's sha256;
 - the absolute job and output folder paths (they contain the run id, a timestamp) are replaced
   by ``$JOB_DIR`` / ``$OUTPUT_DIR`` in the bytes before hashing: they appear in manifest.json
-  and _SUMMARY.json only; nothing else is excluded but ``_REPORT.html``, the run report, which
-  draws the provider's batch timestamps (clock times; tests/report checks its content);
+  and _SUMMARY.json only; two files with clock times are not compared: ``_REPORT.html``, the run
+  report, which draws the provider's batch timestamps (tests/report checks its content), and
+  ``merged.json`` (retention); the request files retention removed are compared by the manifest's
+  sha256 of them;
 - batch ids (in the parts and carry files): each test starts its own emulator, whose ids come
   from a counter, and holds every batch until its status is read once (``polls_before_done=1``),
   so ids are taken in task order, not in the order its worker happens to finish batches. The
@@ -116,12 +118,29 @@ def _run(dag: Any, tmp_path: Path, provider: str, rows: int, name: str, monkeypa
     (job_dir,) = work.glob("*/*/chunk")
     returned = _chunk_task_output(dag.dag_id, run.run_id)
     descriptors = json.loads(_normalised(json.dumps(returned).encode(), job_dir, output_dir))
-    return {
+    result = {
         "job_folder": _digests(job_dir, job_dir, output_dir),
         "output": _digests(output_dir, job_dir, output_dir),
         "chunk_descriptors": descriptors,
         "manifest": json.loads(_normalised((job_dir / "chunks" / "manifest.json").read_bytes(), job_dir, output_dir)),
     }
+    _account_for_retention(result)
+    return result
+
+
+def _account_for_retention(run: dict) -> None:
+    """Put back the request files' digests that retention removed after the merge (docs/retention.md).
+
+    The merge removes each chunk's request body and writes ``merged.json`` (which holds the time of
+    the merge, so it is not compared). The manifest's ``fingerprint`` is the sha256 of the request
+    file as written, so the bytes sent are still compared with the recorded run's.
+    """
+    files = run["job_folder"]
+    assert files.pop("merged.json", None) is not None, "retention did not run after the merge"
+    for descriptor in run["manifest"]:
+        name = f"chunks/{Path(descriptor['requests_path']).name}"
+        assert name not in files, f"{name} was left behind after the merge"
+        files[name] = descriptor["fingerprint"]
 
 
 @pytest.mark.scenario

@@ -37,6 +37,7 @@ import orjson
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.job_folder import JobFolder
+from airflow_batch_provider.jobs.retention import require_requests_file
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.utils.storage import atomic_write, to_path
 
@@ -306,6 +307,7 @@ def plan_followup(
     if not scan.retry_ids:
         return scan, None
     dest = retry_path(batch["job_dir"], batch["chunk_index"], attempt + 1)
+    require_requests_file(batch["requests_path"], batch["label"])  # retention may have removed it
     return scan, write_followup(batch["requests_path"], scan.retry_ids, dest)
 
 

@@ -20,6 +20,7 @@ from airflow_batch_provider.batches.checkpoint import Checkpoint
 from airflow_batch_provider.batches.token_budget import estimate_file_tokens, token_metadata
 from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
+from airflow_batch_provider.jobs.retention import require_requests_file
 from airflow_batch_provider.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ def submit_once(
         checkpoint.save({**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": keep.batch_id})
         return {**chunk, "batch_id": keep.batch_id, "input_file_id": (record or {}).get("input_file_id")}
 
+    require_requests_file(chunk["requests_path"], chunk["label"])  # retention may have removed it
     extra_metadata = dict(prepare()) if prepare is not None else {}
     record = {"fingerprint": chunk["fingerprint"], "idempotency_key": key, "intent_at": time.time(), **(record or {})}
     checkpoint.save(record)  # the intent: from here on a retry must reconcile before submitting

@@ -2,8 +2,8 @@
 
 The table (parquet, csv or jsonl; one file or a folder of them; local or any ``ObjectStoragePath``
 URL; see :mod:`airflow_batch_provider.chunking.tables`) is streamed in record batches, so memory stays flat
-however many rows it has — except the duplicate-id check, which keeps 8 bytes per row (see
-:func:`~airflow_batch_provider.chunking.ids.report_duplicates`). Each batch is rendered into request
+however many rows it has; the duplicate-id check keeps 8 bytes per row, spilled to local
+temporary files past 2M rows (:mod:`airflow_batch_provider.chunking.id_hashes`). Each batch is rendered into request
 lines and cut into chunks by request count and byte cap (:mod:`airflow_batch_provider.chunking.writer`).
 
 Speed: a batch's request lines are built by Arrow kernels into one buffer (prompts and ids are
@@ -26,12 +26,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
+from airflow_batch_provider.chunking.id_hashes import IdHashes
 from airflow_batch_provider.chunking.ids import IdBuilder, id_hashes, report_duplicates
 from airflow_batch_provider.chunking.incremental import SkipStats, apply_skip_unchanged, load_previous
 from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
@@ -53,6 +54,7 @@ from airflow_batch_provider.chunking.writer import ChunkWriter, WrittenChunk, ch
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.job_folder import ChunkFiles, JobFolder
+from airflow_batch_provider.utils.arrow_memory import returning_memory
 from airflow_batch_provider.utils.background import run_ahead
 from airflow_batch_provider.utils.checks import check_int
 from airflow_batch_provider.utils.storage import AnyPath, remove_tree
@@ -153,8 +155,9 @@ def build_chunks(
     try:
         staging.folder.mkdir(parents=True, exist_ok=True)
         ids = IdBuilder(spec.limits, id_column, selected)
-        num_rows = _write_table(reader, selected, prompt, renderer_for(spec), ids, writer, byte_cap)
-        chunks = _rebalance_tail(staging, writer.finish(), spec.limits, byte_cap)
+        with returning_memory():  # flat RSS: freed batch buffers go back to the OS at once
+            num_rows = _write_table(reader, selected, prompt, renderer_for(spec), ids, writer, byte_cap)
+            chunks = _rebalance_tail(staging, writer.finish(), spec.limits, byte_cap)
         descriptors, skipped = _finish_staging(job, staging, spec, chunks, previous_output)
         publish(job, staging)
     except BaseException:
@@ -208,23 +211,23 @@ def _write_table(
 ) -> int:
     """Validate, render and write every row into ``writer``; return the row count or raise naming bad rows."""
     problems = RowProblems()
-    hashes: list[np.ndarray] = []
     schema: pa.Schema | None = None
     num_rows = 0
-    prepared = _prepared(reader, selected, prompt, renderer, ids, problems, hashes)
-    # Two stages overlap: the next batch is read and rendered by Arrow kernels (GIL released)
-    # while this thread hashes the fingerprints (GIL held); other threads write the files.
-    for batch, custom_ids, lines, bodies in run_ahead(prepared, depth=1, name="chunk-render"):
-        rendered = RenderedRequests(lines, renderer.fingerprints(bodies))
-        check_line_sizes(rendered.sizes, byte_cap, ids.limits, num_rows, custom_ids)
-        if not problems:  # after the first bad row only validate: the staging folder is discarded
-            if schema is None:
-                schema = rows_schema(batch.schema)
-            writer.write(rendered, rows_batch(batch, custom_ids, rendered.fingerprints, schema))
-        num_rows += batch.num_rows
-    if num_rows == 0:
-        raise InvalidInputError(f"The table {reader.source} has no rows; there is nothing to submit.")
-    report_duplicates(hashes, reader, selected, ids.limits, ids.id_column, problems)
+    with closing(IdHashes()) as hashes:
+        prepared = _prepared(reader, selected, prompt, renderer, ids, problems, hashes)
+        # Two stages overlap: the next batch is read and rendered by Arrow kernels (GIL released)
+        # while this thread hashes the fingerprints (GIL held); other threads write the files.
+        for batch, custom_ids, lines, bodies in run_ahead(prepared, depth=1, name="chunk-render"):
+            rendered = RenderedRequests(lines, renderer.fingerprints(bodies))
+            check_line_sizes(rendered.sizes, byte_cap, ids.limits, num_rows, custom_ids)
+            if not problems:  # after the first bad row only validate: the staging folder is discarded
+                if schema is None:
+                    schema = rows_schema(batch.schema)
+                writer.write(rendered, rows_batch(batch, custom_ids, rendered.fingerprints, schema))
+            num_rows += batch.num_rows
+        if num_rows == 0:
+            raise InvalidInputError(f"The table {reader.source} has no rows; there is nothing to submit.")
+        report_duplicates(hashes, reader, selected, ids.limits, ids.id_column, problems)
     problems.raise_if_any(f"The table {reader.source}")
     return num_rows
 
@@ -236,7 +239,7 @@ def _prepared(
     renderer: RequestRenderer,
     ids: IdBuilder,
     problems: RowProblems,
-    hashes: list[np.ndarray],
+    hashes: IdHashes,
 ) -> Iterator[tuple[pa.RecordBatch, pa.Array, pa.Array, pa.Array]]:
     """Read, validate and render each batch (run ahead in a background thread by :func:`_write_table`)."""
     offset = 0
@@ -245,7 +248,7 @@ def _prepared(
         # Each row's request body after its custom_id (the prompt as JSON + the rest), in one pass.
         bodies = prompt.render_json(batch, offset=offset, problems=problems, suffix=renderer.body_suffix)
         custom_ids = ids.build(batch, offset=offset, problems=problems)
-        hashes.append(id_hashes(custom_ids))
+        hashes.add(id_hashes(custom_ids))
         yield batch, custom_ids, renderer.lines_of(custom_ids, bodies), bodies
         offset += batch.num_rows
 

@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_batch_provider.chunking.arrow_text import to_string_array
+from airflow_batch_provider.chunking.id_hashes import IdHashes
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.chunking.problems import RowProblems
 from airflow_batch_provider.chunking.tables import CUSTOM_ID, TableReader
@@ -102,7 +103,7 @@ def id_hashes(custom_ids: pa.Array) -> np.ndarray:
 
 
 def report_duplicates(
-    hashes: list[np.ndarray],
+    hashes: IdHashes,
     reader: TableReader,
     columns: Sequence[str],
     limits: ProviderLimits,
@@ -112,13 +113,11 @@ def report_duplicates(
     """Record rows whose custom_id repeats an earlier row's, naming both positions.
 
     Memory: instead of a set of every id string (~100 bytes a row, 1 GB at 10M rows) the stream
-    keeps one 64-bit ``hash()`` per row (80 MB at 10M; salted per process, so only compared within
-    this run). Only when two hashes are equal does a second pass re-read the table to confirm real
-    duplicates and find the first positions. At 100M+ rows even 8 bytes a row is too much: write
-    per-chunk sorted hash runs to disk and merge them (an external sort), or push the check to a
-    query engine such as DuckDB.
+    keeps one 64-bit ``hash()`` per row, bounded by spilling to disk (:class:`IdHashes`). Only
+    when two hashes are equal does a second pass re-read the table to confirm real duplicates and
+    find the first positions.
     """
-    candidates = _duplicate_hashes(hashes)
+    candidates = hashes.repeated()
     if not candidates:
         return
     ids = IdBuilder(limits, id_column, columns)
@@ -159,14 +158,3 @@ def report_duplicates(
             "Each request needs a unique custom_id: de-duplicate the table or choose another id_column.",
         )
     problems.add(kind, later, advice=advice, details=details)
-
-
-def _duplicate_hashes(hashes: list[np.ndarray]) -> set[int]:
-    """Return the hash values that occur more than once (empties ``hashes`` to halve the peak memory)."""
-    if not hashes:
-        return set()
-    ordered = np.concatenate(hashes)
-    hashes.clear()
-    ordered.sort()
-    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
-    return set(np.unique(repeated).tolist())

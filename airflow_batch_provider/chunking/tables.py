@@ -24,7 +24,11 @@ from airflow_batch_provider.utils import storage
 # Columns the chunk step adds to each rows file next to the source columns.
 CUSTOM_ID = "custom_id"
 FINGERPRINT = "request_fingerprint"
-DEFAULT_BATCH_ROWS = 65_536
+# Rows per record batch. The chunk step keeps about three batches in flight (one read and rendered
+# ahead, one being hashed, slices of earlier ones in the writers), ~4 KB a row with their rendered
+# lines: 8,192 rows held its peak RSS at ~390 MB at 1M rows where 65,536 took ~610 MB, at the same
+# speed (docs/performance.md).
+DEFAULT_BATCH_ROWS = 8_192
 
 _FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd"}

@@ -15,6 +15,7 @@ from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.job_folder import OutputFolder, part_name
+from airflow_batch_provider.jobs.retention import release_after_merge
 from airflow_batch_provider.links import RunReportLink
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.report import write_run_report
@@ -45,6 +46,11 @@ class MergeResultsOperator(BaseOperator):
     :param sink: also upsert each merged part elsewhere, e.g.
         ``SqlUpsertSink("my_postgres", "product_labels")`` (``ON CONFLICT (custom_id) DO UPDATE``,
         one transaction per chunk), after its parquet part is written.
+    :param keep_request_files: keep the request bodies in the job folder. By default, once every
+        chunk has merged (within ``max_failure_ratio``), each chunk's ``chunks/chunk-NNNNN.jsonl``
+        and line-retry files are removed and ``merged.json`` is written; rows files, manifest,
+        schema, cancel markers and self-hosted answers stay, so a clear of this task still works
+        (docs/retention.md; ``python -m airflow_batch_provider.jobs gc`` removes the rest later).
 
     The summary (logged as a table, written to ``_SUMMARY.json`` and returned to XCom) holds rows,
     statuses, tokens, the actual cost of this run's batches next to the estimate and the cost the
@@ -66,6 +72,7 @@ class MergeResultsOperator(BaseOperator):
         max_failure_ratio: float | None = 0.05,
         pricing: Mapping[str, Any] | str | None = None,
         sink: PartSink | None = None,
+        keep_request_files: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -78,6 +85,7 @@ class MergeResultsOperator(BaseOperator):
         self.max_failure_ratio = max_failure_ratio
         self.pricing = pricing
         self.sink = sink
+        self.keep_request_files = keep_request_files
 
     def _hook(self, provider: str) -> BatchHook:
         return get_batch_hook(self.provider or provider, self.conn_id)
@@ -117,6 +125,14 @@ class MergeResultsOperator(BaseOperator):
             raise TooManyFailuresError(
                 _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
             )
+        if not self.keep_request_files:  # only once every chunk merged within the failure ratio
+            for released in release_after_merge(batches, str(self.output_dir)):
+                self.log.info(
+                    "retention: removed %d request file(s), %.1f MB, from %s (docs/retention.md)",
+                    len(released.files),
+                    released.bytes / 1e6,
+                    released.job_dir,
+                )
         return summary
 
     def _merge_all(

@@ -1,0 +1,53 @@
+"""``python -m airflow_batch_provider.jobs gc --older-than 7d``: remove job folders retention no longer needs.
+
+Merged job folders (``merged.json``) go once their merge is older than ``--older-than``; unmerged
+ones are treated as running and kept, unless ``--include-unmerged`` and nothing in them changed
+for that long. ``--dry-run`` prints the decisions without removing anything. The root defaults to
+the ChunkOperator's default work folder (``$AIRFLOW_BATCH_WORK_DIR``, else
+``$AIRFLOW_HOME/batch_jobs``). See docs/retention.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.jobs.retention import collect, parse_age
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; return the exit code (2 for bad arguments)."""
+    from airflow_batch_provider.operators.chunk import default_work_dir
+
+    parser = argparse.ArgumentParser(prog="python -m airflow_batch_provider.jobs", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    commands = parser.add_subparsers(dest="command", required=True)
+    gc = commands.add_parser("gc", help="remove old job folders")
+    gc.add_argument("--root", default=None, help="the job folders' root (default: the ChunkOperator's work folder)")
+    gc.add_argument("--older-than", required=True, help="age such as 7d, 12h, 30m (merged: since the merge)")
+    gc.add_argument("--include-unmerged", action="store_true", help="also remove unmerged folders unchanged that long")
+    gc.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    args = parser.parse_args(argv)
+    try:
+        decisions = collect(
+            args.root or default_work_dir(),
+            parse_age(args.older_than),
+            include_unmerged=args.include_unmerged,
+            dry_run=args.dry_run,
+        )
+    except InvalidInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    verb = "would remove" if args.dry_run else "removed"
+    freed = 0
+    for decision in decisions:
+        action = verb if decision.remove else "kept"
+        print(f"{action:>12}  {decision.job.path}  ({decision.reason}; {decision.job.size / 1e6:.1f} MB)")
+        freed += decision.job.size if decision.remove else 0
+    print(f"{len(decisions)} job folder(s); {verb} {sum(d.remove for d in decisions)}, {freed / 1e6:.1f} MB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
