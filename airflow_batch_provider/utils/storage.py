@@ -95,7 +95,8 @@ def remove_tree(path: AnyPath) -> None:
 @contextmanager
 def _object_write(target: ObjectStoragePath, mode: str) -> Iterator[IO[Any]]:
     """Write one object; on an exception abort the upload instead of committing what was written."""
-    handle = target.open(mode)
+    # The file system's own file: ObjectStoragePath.open() wraps it in a lineage tracker that hides discard().
+    handle = target.fs.open(target.path, mode)
     try:
         yield handle
     except BaseException:
