@@ -60,6 +60,7 @@ with DAG(
             description="Root of the job folders; empty: $AIRFLOW_BATCH_WORK_DIR. Workers on several hosts: s3://….",
         ),
         "conn_id": Param("openai_compatible_default", type="string", description="Server connection (server mode)."),
+        "chunk_size": Param(10_000, type="integer", minimum=1, description="Requests per generate task."),
     },
     tags=["llm-batch", "example", "self-hosted"],
 ) as dag:
@@ -83,7 +84,7 @@ with DAG(
         job_dir=JOB_DIR,
         request_params={"max_tokens": 5, "temperature": 0},
         # One model load per vLLM task: fewer, larger chunks amortise it.
-        chunk_size=10_000,
+        chunk_size="{{ params.chunk_size }}",
     )
 
     @task.branch

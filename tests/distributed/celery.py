@@ -83,6 +83,8 @@ class CeleryDeployment(Deployment):
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.distributed.worker_host.hostname",
             "ABP_WORKER_HOSTNAME": name,
         }
+        if queues == "gpu":  # vLLM cannot run here (no GPU): this worker selects the stand-in engine
+            env["AIRFLOW_BATCH_VLLM_ENGINE_FACTORY"] = "tests.distributed.stand_in_vllm.create_engine"
         argv = [str(self.bin / "airflow"), "celery", "worker", "--queues", queues, "--concurrency", str(concurrency),
                 "--celery-hostname", f"{name}@127.0.0.1", "--skip-serve-logs"]  # fmt: skip
         return Component(name, argv, env, self.logs / f"{name}.log")

@@ -63,3 +63,39 @@ def test_example_dag_on_celery_and_s3(celery_deployment: CeleryDeployment, s3: M
     assert s3.keys(f"jobs/{DAG_ID}/{run_id}/chunk/chunks/manifest.json")
     for name in ("worker-a", "worker-b", "worker-gpu"):
         assert not list((deployment.root / name / "work").rglob("*.jsonl")), name
+
+
+def test_self_hosted_vllm_generates_only_on_the_gpu_worker(celery_deployment: CeleryDeployment, s3: MotoS3) -> None:
+    """vllm mode: every generate task ran on the ``gpu`` worker; chunk and merge on default workers.
+
+    vLLM cannot run here (no GPU): the gpu worker selects a stand-in engine through the documented
+    ``AIRFLOW_BATCH_VLLM_ENGINE_FACTORY`` setting (``stand_in_vllm.py``); the other workers have no
+    engine at all, so a generate task that landed there would fail.
+    """
+    deployment = celery_deployment
+    dag_id, run_id = "self_hosted_vllm", "s3-vllm"
+    conf = _conf(s3, "vllm", mode="vllm", chunk_size=400)  # 3 generate tasks
+    conf.pop("poll_interval")
+    deployment.trigger(dag_id, run_id, conf)
+    state = deployment.wait_for_run(dag_id, run_id, timeout=600)
+    tis = deployment.task_instances(dag_id, run_id)
+    assert state == "success", task_summary(tis)
+
+    where = deployment.placement(dag_id, run_id)
+    assert where["vllm_generate"] == {"worker-gpu": 3}, task_summary(tis)
+    assert {ti["queue"] for ti in tis if ti["task_id"] == "vllm_generate"} == {"gpu"}
+    for task_id in ("chunk", "merge"):
+        assert set(where[task_id]) <= {"worker-a", "worker-b"}, task_summary(tis)
+    assert "server_generate" not in where  # the branch not taken is skipped
+
+    ids = _output_ids(str(conf["output_dir"]))
+    assert len(ids) == ROWS and len(set(ids)) == ROWS
+    generate = [ti for ti in tis if ti["task_id"] == "vllm_generate"]
+    versions = set()
+    for ti in generate:
+        xcom = deployment.api(
+            "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/vllm_generate/xcomEntries/return_value",
+            params={"map_index": ti["map_index"]},
+        )  # fmt: skip
+        versions.add(xcom["value"]["generation"]["vllm_version"])
+    assert len(versions) == 1 and versions.pop().endswith("(stand-in)")
