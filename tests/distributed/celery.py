@@ -55,6 +55,8 @@ class CeleryDeployment(Deployment):
                 "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__GLOBAL_KEYPREFIX": self.key_prefix,
                 "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
                 "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "default",
+                # A worker that dies is noticed within half a minute (its tasks then retry elsewhere).
+                "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
                 "PYTHONPATH": str(REPO_ROOT),  # the workers' hostname_callable lives in tests/
             }
         )
@@ -114,11 +116,13 @@ class CeleryDeployment(Deployment):
             client.close()
 
     def ensure_running(self) -> None:
-        """Start again any component or worker that is not running."""
+        """Start again any component or worker that is not running; wait until the workers are ready."""
         super().ensure_running()
         for worker in self.workers.values():
             if not worker.alive:
+                worker.log_path.write_text("")  # readiness is read from the log
                 worker.start()
+        wait_for(self._workers_ready, 180, "the restarted Celery workers to come online", 2.0)
 
     # what ran where ----------------------------------------------------------------------------------
 
