@@ -141,3 +141,27 @@ def test_worker_killed_while_merge_writes_parts(celery_deployment: CeleryDeploym
     assert state == "success", task_summary(tis)
     _assert_moved(deployment, run_id, "merge", -1, victim)
     _assert_exact(deployment, run_id, output)
+
+
+def test_warm_shutdown_lets_the_running_task_finish(celery_deployment: CeleryDeployment, s3: MotoS3) -> None:
+    """SIGTERM to the worker's main process only (what ``docker compose stop`` sends with
+    ``DUMB_INIT_SETSID=0``): Celery's warm shutdown takes no new task, lets the running submit finish
+    on this worker (one try, success), then exits; the rest of the run goes to the other worker."""
+    deployment = celery_deployment
+    run_id = "warm-shutdown"
+    with deployment.faults(delay_after_routes={CREATE: 10}):
+        output = _trigger(deployment, s3, run_id)
+        wait_for(lambda: _held(deployment, "after", CREATE) >= 1, 240, "a batch create to be held")
+        victim = wait_for(lambda: _running_host(deployment, run_id, "submit", 0), 60, "submit[0] to run")
+        worker = deployment.workers[victim]
+        assert worker.process is not None
+        worker.process.send_signal(signal.SIGTERM)
+        worker.process.wait(timeout=120)  # exits once its running tasks are done
+    state = deployment.wait_for_run(DAG_ID, run_id, timeout=400)
+    tis = deployment.task_instances(DAG_ID, run_id)
+    assert state == "success", task_summary(tis)
+    tries = deployment.tries(DAG_ID, run_id, "submit", 0)
+    assert [(t["state"], t.get("hostname")) for t in tries] == [("success", victim)]
+    later = [ti for ti in tis if ti["task_id"] in ("wait", "merge")]
+    assert all(ti["hostname"] != victim for ti in later), task_summary(tis)
+    _assert_exact(deployment, run_id, output)
