@@ -20,9 +20,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.chunking.chunks import MANIFEST_NAME, write_chunks
-from airflow_batch_provider.chunking.requests import RequestSpec
+from airflow_batch_provider.chunking.chunks import build_chunks
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.hooks.local_results import load_complete, write_meta
+from airflow_batch_provider.job_folder import MANIFEST_NAME
 from airflow_batch_provider.utils import storage
 from tests.conftest import REPO_ROOT
 from tests.distributed.s3 import MotoS3
@@ -103,7 +104,7 @@ with storage.atomic_write({s3.url("killed", "part-00000.parquet")!r}) as out:
 def test_chunks_on_s3_are_published_with_the_manifest_last(s3: MotoS3) -> None:
     source = _put_table(s3, "tables/products.parquet", _products(50))
     job = s3.url("jobs", "publish")
-    descriptors = write_chunks(source, job, OPENAI, TEMPLATE, id_column="product_id", chunk_size=10)
+    descriptors = build_chunks(source, job, OPENAI, TEMPLATE, id_column="product_id", chunk_size=10).descriptors
     assert len(descriptors) == 5
     assert all(d["requests_path"].startswith(s3.url("jobs", "publish", "chunks")) for d in descriptors)
     keys = s3.keys(f"{s3.bucket and 'jobs/publish/'}")
@@ -115,7 +116,7 @@ def test_chunks_on_s3_are_published_with_the_manifest_last(s3: MotoS3) -> None:
 
     # Rerun with a smaller table: the old folder is replaced whole, nothing of it is left.
     source = _put_table(s3, "tables/products.parquet", _products(15))
-    again = write_chunks(source, job, OPENAI, TEMPLATE, id_column="product_id", chunk_size=10)
+    again = build_chunks(source, job, OPENAI, TEMPLATE, id_column="product_id", chunk_size=10).descriptors
     assert len(again) == 2
     chunk_files = [k for k in s3.keys("jobs/publish/chunks/") if k.endswith(".jsonl")]
     assert chunk_files == ["jobs/publish/chunks/chunk-00000.jsonl", "jobs/publish/chunks/chunk-00001.jsonl"]
@@ -164,7 +165,7 @@ print("done", flush=True)
         client.put_object(Bucket=s3.bucket, Key=f"race/.staging-y/{name}", Body=b"y")
     slow = code.replace(".staging-x", ".staging-y").replace(
         "storage.publish_folder",
-        "import time; fs = storage.to_path({final!r}).fs; copy = fs.copy\n"
+        f"import time; fs = storage.to_path({final!r}).fs; copy = fs.copy\n"
         "fs.copy = lambda *a, **k: (copy(*a, **k), time.sleep(0.2))\nstorage.publish_folder",
     )
     child = _child(s3, slow)
