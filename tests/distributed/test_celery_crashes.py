@@ -71,9 +71,11 @@ def _assert_exact(deployment: CeleryDeployment, run_id: str, output: str) -> Non
     assert len(sent) == ROWS and set(sent) == source
     folder = storage.to_path(output)
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["_SUMMARY.json", "part-00000.parquet", "part-00001.parquet"], names
+    parts = [name for name in names if name.startswith("part-")]
+    assert parts == ["part-00000.parquet", "part-00001.parquet"] and "_SUMMARY.json" in names, names
+    assert not [name for name in names if name.endswith(".tmp")], names
     ids: list[str] = []
-    for name in names[1:]:
+    for name in parts:
         with (folder / name).open("rb") as handle:
             ids += pq.read_table(handle, columns=["custom_id"]).column("custom_id").to_pylist()
     assert len(ids) == ROWS and set(ids) == source
