@@ -29,6 +29,8 @@ from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import BatchCompleteSensor
 
+# One folder per run and task under the job_dir Param; empty: ChunkOperator's default under $AIRFLOW_BATCH_WORK_DIR.
+JOB_DIR = "{{ params.job_dir and (params.job_dir ~ '/' ~ dag.dag_id ~ '/' ~ run_id ~ '/chunk') }}"
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
 # Rows of a run nobody gave a `rows` to: the scheduled ones, which start as soon as the DAG is unpaused.
 SCHEDULED_ROWS = 100
@@ -111,6 +113,11 @@ with DAG(
         ),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
         "output_dir": Param("", type="string", description="Output dataset folder; empty: under data_dir."),
+        "job_dir": Param(
+            "",
+            type="string",
+            description="Root of the job folders; empty: $AIRFLOW_BATCH_WORK_DIR. Workers on several hosts: s3://….",
+        ),
         "conn_id": Param("", type="string", description="Empty: the provider hook's default connection."),
         "max_cost_usd": Param(
             None, type=["null", "number"], description="Fail before uploading if the estimated cost exceeds this."
@@ -146,6 +153,7 @@ with DAG(
         provider="{{ params.provider }}",
         model="{{ params.model or default_models[params.provider] }}",
         id_column="product_id",
+        job_dir=JOB_DIR,
         request_params={"max_tokens": 64, "temperature": 0},
         response_schema=CLASSIFICATION,
         max_cost_usd="{{ params.max_cost_usd or '' }}",

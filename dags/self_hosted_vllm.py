@@ -26,6 +26,8 @@ from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
 from airflow_batch_provider.operators.vllm import vLLMGenerateOperator
 
+# One folder per run and task under the job_dir Param; empty: ChunkOperator's default under $AIRFLOW_BATCH_WORK_DIR.
+JOB_DIR = "{{ params.job_dir and (params.job_dir ~ '/' ~ dag.dag_id ~ '/' ~ run_id ~ '/chunk') }}"
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
 DATA_DIR = os.environ.get("BATCH_DEMO_DATA_DIR", "/tmp/airflow-batch-demo")
 BRANCHES = {"vllm": "vllm_generate", "server": "server_generate"}
@@ -52,7 +54,13 @@ with DAG(
         "model": Param("Qwen/Qwen2.5-1.5B-Instruct", type="string", description="Model id (HF id or path)."),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
         "output_dir": Param("", type="string", description="Output dataset folder; empty: under data_dir."),
+        "job_dir": Param(
+            "",
+            type="string",
+            description="Root of the job folders; empty: $AIRFLOW_BATCH_WORK_DIR. Workers on several hosts: s3://….",
+        ),
         "conn_id": Param("openai_compatible_default", type="string", description="Server connection (server mode)."),
+        "chunk_size": Param(10_000, type="integer", minimum=1, description="Requests per generate task."),
     },
     tags=["llm-batch", "example", "self-hosted"],
 ) as dag:
@@ -73,9 +81,10 @@ with DAG(
         system_prompt="You are a careful retail catalogue assistant.",
         model="{{ params.model }}",
         id_column="product_id",
+        job_dir=JOB_DIR,
         request_params={"max_tokens": 5, "temperature": 0},
         # One model load per vLLM task: fewer, larger chunks amortise it.
-        chunk_size=10_000,
+        chunk_size="{{ params.chunk_size }}",
     )
 
     @task.branch

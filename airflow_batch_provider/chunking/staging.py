@@ -17,7 +17,7 @@ import orjson
 from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.chunking.writer import WrittenChunk
 from airflow_batch_provider.descriptors import ChunkDescriptor
-from airflow_batch_provider.job_folder import ChunkFiles, JobFolder
+from airflow_batch_provider.job_folder import MANIFEST_NAME, ChunkFiles, JobFolder
 from airflow_batch_provider.utils import storage
 from airflow_batch_provider.utils.storage import remove_tree
 
@@ -67,8 +67,15 @@ def write_manifest(files: ChunkFiles, descriptors: list[ChunkDescriptor]) -> Non
 
 
 def publish(job: JobFolder, staging: ChunkFiles) -> None:
-    """Move the staging folder to ``chunks/``, replacing an older one (never merging with it)."""
+    """Move the staging folder to ``chunks/``, replacing an older one (never merging with it).
+
+    Object stores have no folder rename: there the files are copied with the manifest last, after
+    the old manifest was deleted first (:func:`~airflow_batch_provider.utils.storage.publish_folder`).
+    """
     final = job.chunks.folder
+    if not isinstance(final, Path):
+        storage.publish_folder(staging.folder, final, last=MANIFEST_NAME)  # type: ignore[arg-type]
+        return
     old = None
     if final.exists():
         old = job.new_replaced()
@@ -89,8 +96,4 @@ def remove_leftovers(job: JobFolder) -> None:
 
 
 def _move(src: storage.AnyPath, dst: storage.AnyPath) -> None:
-    if isinstance(src, Path):
-        os.replace(src, str(dst))
-    else:
-        # Object stores have no folder rename: fsspec copies then deletes each object.
-        src.fs.mv(src.path, dst.path, recursive=True)  # type: ignore[union-attr]
+    os.replace(str(src), str(dst))  # local disk only: an atomic folder rename

@@ -11,6 +11,11 @@ defaults and a tokenizer-based prompt counter). :func:`shutdown_engine` frees th
 tests use it with a stand-in ``LLM`` (vLLM cannot load a model without a GPU) and vLLM's real
 classes from :func:`load_classes` (they import on a CPU machine).
 
+A worker can select another engine build without code changes: ``$AIRFLOW_BATCH_VLLM_ENGINE_FACTORY``
+names a callable (``package.module.function``) that takes :func:`create_engine`'s arguments and
+returns a :class:`VLLMEngine` (a patched vLLM, a wrapper that adds tracing, or — in the
+distributed test suite, which has no GPU — a stand-in ``LLM`` over vLLM's real classes).
+
 Supported: vLLM >= 0.10.2 (:data:`MIN_VLLM`), the first release with ``runner="pooling"`` whose
 default (V1) engine compiles the JSON schemas ChunkOperator writes (``enum``, ``pattern``, bounds).
 """
@@ -18,6 +23,8 @@ default (V1) engine compiles the JSON schemas ChunkOperator writes (``enum``, ``
 from __future__ import annotations
 
 import gc
+import importlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +33,8 @@ from airflow_batch_provider.exceptions import BatchProviderError
 
 INSTALL_HINT = "pip install 'airflow-batch-provider[vllm]'"
 MIN_VLLM = "0.10.2"
+# Set on a worker to load engines through another factory (see the module docstring).
+ENGINE_FACTORY_ENV = "AIRFLOW_BATCH_VLLM_ENGINE_FACTORY"
 
 # generation_config keys ``vllm serve`` uses as per-request defaults (ModelConfig.get_diff_sampling_param).
 GENERATION_DEFAULT_KEYS = (
@@ -132,13 +141,32 @@ def load_classes() -> VLLMClasses:
 
 
 def create_engine(**engine_args: Any) -> VLLMEngine:
-    """Import vLLM and load ``vllm.LLM(**engine_args)``; raise EngineUnavailableError with the install hint."""
+    """Import vLLM and load ``vllm.LLM(**engine_args)``; raise EngineUnavailableError with the install hint.
+
+    With ``$AIRFLOW_BATCH_VLLM_ENGINE_FACTORY`` set on the worker, that factory is called instead.
+    """
+    factory = os.environ.get(ENGINE_FACTORY_ENV)
+    if factory:
+        return _configured_factory(factory)(**engine_args)
     classes = load_classes()
     from vllm import LLM
 
     engine = describe_llm(LLM(**engine_args), classes)
     engine.cleanup = _release_gpu_memory
     return engine
+
+
+def _configured_factory(dotted: str) -> Callable[..., VLLMEngine]:
+    module_name, _, name = dotted.rpartition(".")
+    try:
+        factory = getattr(importlib.import_module(module_name), name) if module_name else None
+    except (ImportError, AttributeError) as exc:
+        raise EngineUnavailableError(
+            f"{ENGINE_FACTORY_ENV}={dotted!r} cannot be imported on this worker: {exc}"
+        ) from exc
+    if not callable(factory):
+        raise EngineUnavailableError(f"{ENGINE_FACTORY_ENV}={dotted!r} must name a callable as package.module.function")
+    return factory
 
 
 def describe_llm(llm: Any, classes: VLLMClasses) -> VLLMEngine:
