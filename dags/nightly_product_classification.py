@@ -18,6 +18,7 @@ larger ``rows``. Every Param can be overridden with
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import datetime, timedelta
 from typing import Any
@@ -41,7 +42,11 @@ CLASSIFIED_PRODUCTS = Asset(name="classified_products", uri="file:///llm-batch/c
 
 
 def alert_on_failure(context: dict[str, Any]) -> None:
-    """Route batch failures: the typed errors say what ended badly (swap the log for a notifier)."""
+    """Route batch failures: the typed errors say what ended badly (swap the log for a notifier).
+
+    The task SDK's ``RuntimeTaskInstance`` has no ``log`` attribute: a callback logs through a
+    standard logger, which Airflow routes to the task's log.
+    """
     from airflow_batch_provider.exceptions import BatchEndedBadlyError, CostLimitExceededError, TooManyFailuresError
 
     error = context.get("exception")
@@ -54,7 +59,9 @@ def alert_on_failure(context: dict[str, Any]) -> None:
         kind = "cost guard"
     else:
         kind = type(error).__name__
-    ti.log.error("ALERT %s.%s[%s]: %s — %s", ti.dag_id, ti.task_id, ti.map_index, kind, error)
+    logging.getLogger("airflow.task").error(
+        "ALERT %s.%s[%s]: %s — %s", ti.dag_id, ti.task_id, ti.map_index, kind, error
+    )
 
 
 DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-5-5"}

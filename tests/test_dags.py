@@ -99,8 +99,9 @@ def test_example_dag_end_to_end(airflow_db, openai_conn, anthropic_conn, provide
 
 
 @pytest.mark.scenario
-def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp_path, monkeypatch):
-    """max_cost_usd below the estimate: the chunk task fails and the provider never sees a file."""
+def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp_path, monkeypatch, capsys):
+    """max_cost_usd below the estimate: the chunk task fails, the provider never sees a file, and the
+    DAG's failure callback logs its alert (the task SDK's RuntimeTaskInstance has no ``ti.log``)."""
     from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
@@ -116,6 +117,10 @@ def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp
     assert run.state == "failed"
     stats = openai_conn.stats()["openai"]
     assert stats["files_uploaded"] == 0 and stats["batches_created"] == 0
+    logged = capsys.readouterr()
+    logged_text = logged.out + logged.err
+    assert "ALERT nightly_product_classification.chunk[-1]: cost guard — Estimated batch cost" in logged_text
+    assert "Failed to run task callback" not in logged_text and "AttributeError" not in logged_text
 
 
 @pytest.mark.scenario
