@@ -14,7 +14,8 @@ The hierarchy, drawn once so callers can catch at the right depth::
     │   ├── BatchFailedError           provider-side validation or processing failure
     │   └── BatchCancelledError        the batch was cancelled
     ├── ResultsError                   result files could not be read or joined back
-    └── TooManyFailuresError           merged, but some chunk has more failed rows than max_failure_ratio
+    └── TooManyFailuresError           merged, but some chunk has more failed rows than max_failure_ratio;
+                                       never retried
 """
 
 from __future__ import annotations
@@ -101,8 +102,11 @@ class ResultsError(BatchProviderError):
     """Report result files that cannot be read or joined back onto the source rows."""
 
 
-class TooManyFailuresError(BatchProviderError):
+class TooManyFailuresError(BatchProviderError, AirflowFailException):
     """Report chunks whose failed rows exceed ``max_failure_ratio``; every part file was still written.
+
+    A verdict on the data, like InvalidInputError: merging the same results again gives the same
+    answer, so the task fails at once instead of downloading everything again on each retry.
 
     ``chunks`` holds one dict per offending chunk: ``label``, ``chunk_index``, ``rows``, ``failed``,
     ``ratio`` and ``top_errors`` (``[(description, count), ...]``).
