@@ -188,8 +188,18 @@ def test_duplicate_ids_name_both_rows(emulator, tmp_path):
 
 def test_null_and_empty_ids_name_the_rows(emulator, tmp_path):
     source = _parquet(tmp_path / "p.parquet", id=["a", None, "", "d"], title=["w", "x", "y", "z"])
-    with pytest.raises(InvalidInputError, match="null or empty id in column 'id': 2 row\\(s\\) at position 1, 2"):
+    with pytest.raises(InvalidInputError, match="null, NaN or empty id in column 'id': 2 row\\(s\\) at position 1, 2"):
         _chunk_then_submit(source, tmp_path / "job")
+
+
+def test_nan_ids_are_refused_like_nulls_naming_the_rows(emulator, tmp_path):
+    """A float id column with NaN would be sent as custom_id 'nan' (two NaNs: a 'duplicate')."""
+    nan = float("nan")
+    source = _parquet(tmp_path / "p.parquet", id=[1.0, nan, 3.0, nan], title=["w", "x", "y", "z"])
+    with pytest.raises(InvalidInputError, match="null, NaN or empty id in column 'id': 2 row\\(s\\) at position 1, 3"):
+        _chunk_then_submit(source, tmp_path / "job")
+    assert emulator.stats()["openai"]["files_uploaded"] == 0
+    _no_chunks_left(tmp_path / "job")
 
 
 def test_a_request_over_the_byte_cap_names_the_row(emulator, tmp_path):
