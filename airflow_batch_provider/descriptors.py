@@ -11,6 +11,19 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 ResultStatus = Literal["succeeded", "errored", "expired", "canceled", "missing", "invalid_output"]
 
+#: Columns the merge appends to the source columns, in output order. The chunk step refuses a source
+#: column of the same name before anything is uploaded (the merge could not tell the two apart).
+RESULT_COLUMNS = (
+    "status",
+    "response",
+    "finish_reason",
+    "error",
+    "input_tokens",
+    "output_tokens",
+    "batch_id",
+    "attempts",
+)
+
 
 class ChunkDescriptor(TypedDict):
     """Describe one chunk written by ChunkOperator."""

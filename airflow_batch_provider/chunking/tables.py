@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.chunking.validation import check_csv_quotes
+from airflow_batch_provider.descriptors import RESULT_COLUMNS
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.utils import storage
 
@@ -215,6 +216,14 @@ def select_columns(
         names = [n for n in names if n in wanted]
     if FINGERPRINT in names:
         raise InvalidInputError(f"The table has a column named {FINGERPRINT!r}, which the rows file adds; rename it.")
+    taken = [n for n in names if n in RESULT_COLUMNS]
+    if taken:
+        # Refused here, before anything is paid for: the merge could not tell them from its own columns.
+        raise InvalidInputError(
+            f"The table has column(s) {taken} named like the result columns the merge adds "
+            f"({', '.join(RESULT_COLUMNS)}). Rename them in the source (e.g. {taken[0]!r} → 'source_{taken[0]}'), "
+            "or leave them out with columns= if the prompt does not use them."
+        )
     if CUSTOM_ID in names and id_column != CUSTOM_ID:
         raise InvalidInputError(
             f"The table has a column named {CUSTOM_ID!r} that is not the id_column; pass id_column={CUSTOM_ID!r}, "

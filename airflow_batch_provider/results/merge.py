@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from airflow_batch_provider.batches.line_retry import describe_failure, read_custom_ids, retry_path
 from airflow_batch_provider.chunking.incremental import read_carried
 from airflow_batch_provider.cost.estimate import cost_rows
-from airflow_batch_provider.descriptors import CompletedBatch, ResultRecord
+from airflow_batch_provider.descriptors import RESULT_COLUMNS, CompletedBatch, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.results.structured import OutputValidator
@@ -38,16 +38,6 @@ from airflow_batch_provider.utils.storage import atomic_write, join, to_path
 
 log = logging.getLogger(__name__)
 
-RESULT_COLUMNS = (
-    "status",
-    "response",
-    "finish_reason",
-    "error",
-    "input_tokens",
-    "output_tokens",
-    "batch_id",
-    "attempts",
-)
 SUMMARY_FILE = "_SUMMARY.json"
 TOP_ERRORS = 5
 _PREFERENCE = {"succeeded": 0, "invalid_output": 1, "errored": 2, "expired": 3, "canceled": 4, "missing": 5}
@@ -201,7 +191,7 @@ def join_results(
     reason in ``error``.
     """
     for name in RESULT_COLUMNS:
-        if name in rows.column_names:  # a source column of the same name would be ambiguous
+        if name in rows.column_names:  # the chunk step refuses these; a rows file from elsewhere may not
             raise ResultsError(
                 f"The source table has a column named {name!r}, which the merged output uses; rename it."
             )

@@ -202,6 +202,24 @@ def test_nan_ids_are_refused_like_nulls_naming_the_rows(emulator, tmp_path):
     _no_chunks_left(tmp_path / "job")
 
 
+@pytest.mark.parametrize("column", ["status", "response", "error", "finish_reason", "batch_id", "attempts"])
+def test_a_source_column_named_like_a_result_column_is_refused_before_upload(emulator, tmp_path, column):
+    """Otherwise the batch is billed and the merge fails on every retry."""
+    source = _parquet(tmp_path / "p.parquet", id=["a", "b"], title=["w", "x"], **{column: ["1", "2"]})
+    with pytest.raises(
+        InvalidInputError, match=f"column\\(s\\) \\[{column!r}\\] named like the result columns"
+    ) as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert f"'source_{column}'" in str(info.value) and "columns=" in str(info.value)
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_a_result_named_column_left_out_with_columns_is_fine(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=["a", "b"], title=["w", "x"], status=["on", "off"])
+    (chunk,) = _chunk_only(source, tmp_path / "job", columns=["title"])
+    assert "status" not in pq.read_schema(chunk["rows_path"]).names
+
+
 def test_a_request_over_the_byte_cap_names_the_row(emulator, tmp_path):
     source = _parquet(tmp_path / "p.parquet", id=[1, 2, 3], title=["a", "x" * 5000, "c"])
     with pytest.raises(ChunkLimitError, match="Row 1 \\(custom_id '2'\\)") as info:
