@@ -18,6 +18,7 @@ RESULT_COLUMNS = (
     "response",
     "finish_reason",
     "error",
+    "error_code",
     "input_tokens",
     "output_tokens",
     "batch_id",

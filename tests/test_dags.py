@@ -162,6 +162,38 @@ def test_reprocessing_sends_only_what_changed(airflow_db, openai_conn, tmp_path,
     assert sent == 3000
 
 
+@pytest.mark.scenario
+def test_truncated_answers_are_final_reported_by_kind_and_not_paid_for_again(
+    airflow_db, openai_conn, tmp_path, monkeypatch
+):
+    """3% of answers cut off at max_tokens: invalid_output saying finish_reason=length, grouped as one
+    error kind, counted in the summary; the same run again sends nothing (same request, same answer)."""
+    import orjson
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    openai_conn.set_faults(truncate_rate=0.03)
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
+    out = tmp_path / "out"
+    conf = {"rows": 1500, "data_dir": str(tmp_path / "data"), "output_dir": str(out), "poll_interval": 0.2}
+    assert dag.test(run_conf=conf).state == "success"
+    first = pq.read_table(out).to_pylist()
+    cut = [m for m in first if m["finish_reason"] == "length"]
+    assert 20 < len(cut) < 80
+    assert {(m["status"], m["error_code"]) for m in cut} == {("invalid_output", "truncated")}
+    assert all("finish_reason=length" in m["error"] for m in cut)
+    summary = orjson.loads((out / "_SUMMARY.json").read_bytes())
+    assert summary["truncated_rows"] == len(cut)
+    ((kind, count),) = summary["top_errors"]
+    assert kind.startswith("invalid_output/truncated: answer cut off at max_tokens") and count == len(cut)
+    before = openai_conn.stats()["openai"]["requests_processed"]
+    assert dag.test(run_conf=conf).state == "success"
+    assert openai_conn.stats()["openai"]["requests_processed"] == before  # nothing paid for twice
+    again = orjson.loads((out / "_SUMMARY.json").read_bytes())
+    assert again["requests_sent"] == 0 and again["carried_rows"] == 1500
+    assert pq.read_table(out).column("status").to_pylist() == [m["status"] for m in first]
+
+
 class _RecordingStats:
     """Stands in for Airflow's ``Stats`` facade: no StatsD/OTel backend is installed here (statsd is
     not a dependency), so the test records what the operators hand to the facade instead."""

@@ -45,6 +45,9 @@ switch                     what the emulator does
 --expire-rate R            fraction R of lines expire: OpenAI ``batch_expired`` error-file lines
                            and the batch ends ``expired`` (finished lines stay in the output
                            file); Anthropic ``expired`` results
+--truncate-rate R          fraction R of answers are cut off as at max_tokens, the same ones every
+                           run: text or JSON ends early; OpenAI ``finish_reason: "length"``,
+                           Anthropic ``stop_reason: "max_tokens"``
 --fail-validation [CODE]   every new OpenAI batch fails validation with CODE
                            (default ``invalid_json_line``)
 --cancel-batches           provider-side cancel of every new batch once half its lines are done
@@ -111,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--invalid-line-rate", type=float, default=0.0, help="fraction of lines failing with 400")
     parser.add_argument("--expire-rate", type=float, default=0.0, help="fraction of lines that expire")
     parser.add_argument(
+        "--truncate-rate", type=float, default=0.0, help="fraction of answers cut off at max_tokens (same ones)"
+    )
+    parser.add_argument(
         "--fail-validation",
         nargs="?",
         const=DEFAULT_VALIDATION_CODE,
@@ -171,6 +177,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         line_error_rate=args.line_error_rate,
         invalid_line_rate=args.invalid_line_rate,
         expire_rate=args.expire_rate,
+        truncate_rate=args.truncate_rate,
         fail_validation=args.fail_validation,
         cancel_batches=args.cancel_batches,
         http_429_rate=args.http_429_rate,

@@ -18,6 +18,11 @@ finished its work stays in its in-progress state (OpenAI ``in_progress``/``final
 Anthropic ``in_progress``) until its status has been retrieved that many times, so the N-th
 retrieve is the first that can see it ended, as with a real batch that runs longer than a poll
 interval. Listing batches does not count.
+
+``truncate_rate`` cuts answers off as a model reaching ``max_tokens`` does: decided per
+``(seed, custom_id)`` like a permanent fault (at temperature 0 the same request is cut the same way
+every time), the answer text or JSON ends early and the result says so (OpenAI ``finish_reason:
+"length"``, Anthropic ``stop_reason: "max_tokens"``).
 """
 
 from __future__ import annotations
@@ -35,7 +40,15 @@ DEFAULT_VALIDATION_CODE = "invalid_json_line"
 LineFate = Literal["ok", "expired", "server_error", "invalid"]
 HttpFault = Literal["429", "500", "drop"]
 
-_RATES = ("line_error_rate", "invalid_line_rate", "expire_rate", "http_429_rate", "http_500_rate", "drop_rate")
+_RATES = (
+    "line_error_rate",
+    "invalid_line_rate",
+    "expire_rate",
+    "http_429_rate",
+    "http_500_rate",
+    "drop_rate",
+    "truncate_rate",
+)
 _METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH"})
 _PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 
@@ -102,6 +115,7 @@ class Faults:
     slow: float = 0.0
     token_limit: int | None = None
     polls_before_done: int = 0
+    truncate_rate: float = 0.0
     delay_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
     delay_after_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
 
@@ -179,6 +193,11 @@ def line_fate(faults: Faults, custom_id: str, batch_id: str = "") -> LineFate:
     if faults.invalid_line_rate and roll(faults.seed, "invalid", custom_id) < faults.invalid_line_rate:
         return "invalid"
     return "ok"
+
+
+def cut_short(faults: Faults, custom_id: str) -> bool:
+    """Return True when the answer to ``custom_id`` is cut off at max_tokens (``truncate_rate``)."""
+    return bool(faults.truncate_rate) and roll(faults.seed, "truncate", custom_id) < faults.truncate_rate
 
 
 class HttpDice:

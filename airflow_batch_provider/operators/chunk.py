@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
@@ -17,7 +17,14 @@ from airflow_batch_provider.chunking.chunks import (
     check_chunk_size,
     check_map_length,
 )
-from airflow_batch_provider.chunking.incremental import SkipStats, apply_skip_unchanged, carried_summary, load_previous
+from airflow_batch_provider.chunking.incremental import (
+    DEFAULT_CARRY_STATUSES,
+    SkipStats,
+    apply_skip_unchanged,
+    carried_summary,
+    check_carry_statuses,
+    load_previous,
+)
 from airflow_batch_provider.chunking.requests import RequestSpec, check_endpoint, default_endpoint
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.cost.estimate import (
@@ -116,6 +123,11 @@ class ChunkOperator(BaseOperator):
         ``airflow_batch_provider.chunking.incremental``).
     :param previous_output: the merged dataset of earlier runs (usually MergeResultsOperator's
         ``output_dir``). Templated.
+    :param carry_statuses: which stored results of the same request ``skip_unchanged`` keeps
+        instead of sending the row again, by status (default ``("succeeded", "invalid_output",
+        "errored")``; ``errored`` means final errors only, such as a 400). Drop ``invalid_output``
+        to pay again for answers that failed the schema. Rows never answered (expired, canceled,
+        missing) or failed retryably are always sent again.
     """
 
     template_fields: Sequence[str] = (
@@ -153,6 +165,7 @@ class ChunkOperator(BaseOperator):
         pricing: Mapping[str, Any] | str | None = None,
         skip_unchanged: bool = False,
         previous_output: str | None = None,
+        carry_statuses: Collection[str] = DEFAULT_CARRY_STATUSES,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -163,6 +176,7 @@ class ChunkOperator(BaseOperator):
             )
         self.skip_unchanged = skip_unchanged
         self.previous_output = previous_output
+        self.carry_statuses = sorted(check_carry_statuses(carry_statuses))
         if not (isinstance(max_cost_usd, str) and "{{" in max_cost_usd):
             parse_max_cost_usd(max_cost_usd)  # a bad limit is a DAG import error, not a failed run
         self.max_cost_usd = max_cost_usd
@@ -252,11 +266,13 @@ class ChunkOperator(BaseOperator):
             descriptors = [ChunkDescriptor(**d, schema_path=schema_path) for d in descriptors]
         skipped: SkipStats | None = None
         if self.skip_unchanged and self.previous_output:
-            descriptors, skipped = apply_skip_unchanged(descriptors, load_previous(self.previous_output))
+            previous = load_previous(self.previous_output, self.carry_statuses)
+            descriptors, skipped = apply_skip_unchanged(descriptors, previous)
             self.log.info(
-                "skip_unchanged: %s of %s rows already have a result for the same request; sending %s",
+                "skip_unchanged: %s of %s rows already have a final result (%s) for the same request; sending %s",
                 f"{skipped.carried:,}",
                 f"{skipped.rows:,}",
+                ", ".join(self.carry_statuses),
                 f"{skipped.sent:,}",
             )
         # Before anything is estimated or uploaded: Airflow could not map the next step over them.

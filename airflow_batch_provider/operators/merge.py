@@ -32,7 +32,8 @@ class MergeResultsOperator(BaseOperator):
 
     Output columns: the source columns, ``custom_id``, ``request_fingerprint``, then ``status``
     (succeeded / errored / expired / canceled / missing / invalid_output), ``response`` (text, or
-    the vector for embeddings), ``finish_reason``, ``error``, ``input_tokens``, ``output_tokens``,
+    the vector for embeddings), ``finish_reason``, ``error``, ``error_code`` (the provider's code,
+    ``http_NNN`` without one, ``schema``/``truncated`` for invalid_output), ``input_tokens``, ``output_tokens``,
     ``batch_id`` (the batch whose result was kept) and ``attempts`` (batches that carried the row:
     1 = first try). Every attempt of a chunk is read in order and the last result per row wins.
     Exactly one output row per input row; rerunning rewrites the same files.
@@ -122,7 +123,7 @@ class MergeResultsOperator(BaseOperator):
                         "rows": stats.rows,
                         "failed": stats.failed,
                         "ratio": round(ratio, 6),
-                        "top_errors": stats.errors.most_common(3),
+                        "top_errors": stats.top_errors(3),
                     }
                 )
         removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
@@ -152,6 +153,7 @@ class MergeResultsOperator(BaseOperator):
     def _emit(self, context: Context, metrics: BatchMetrics, total: MergeStats, summary: dict[str, Any]) -> None:
         """Emit the run's metrics and attach the summary to every outlet Asset's event."""
         metrics.result_statuses(total.statuses)
+        metrics.truncated_answers(total.truncated_rows)
         metrics.tokens(total.new_input_tokens, total.new_output_tokens)
         if summary.get("actual_cost_usd") is not None:
             metrics.cost(summary["actual_cost_usd"])

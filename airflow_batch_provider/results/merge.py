@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_batch_provider.batches.line_retry import describe_failure, read_custom_ids, retry_path
+from airflow_batch_provider.batches.line_retry import output_error_code, read_custom_ids, retry_path
 from airflow_batch_provider.chunking.incremental import read_carried
 from airflow_batch_provider.cost.estimate import cost_rows
 from airflow_batch_provider.descriptors import RESULT_COLUMNS, CompletedBatch, ResultRecord
@@ -69,7 +69,9 @@ class MergeStats:
     requests_sent: int = 0  # requests in the chunks' first batches
     requests_resent: int = 0  # ... plus these, sent again in follow-up batches (line retries)
     batches: int = 0  # batches created, follow-ups included
-    errors: Counter[str] = field(default_factory=Counter)  # "status/code: message" of every failed row
+    errors: Counter[str] = field(default_factory=Counter)  # failed rows per "status/code" (e.g. "errored/server_error")
+    error_examples: dict[str, str] = field(default_factory=dict)  # the first message seen per "status/code"
+    truncated_rows: int = 0  # answers cut off at max_tokens (finish_reason "length"), whatever their status
     carried_rows: int = 0  # unchanged rows whose stored result was kept (skip_unchanged)
     new_input_tokens: int = 0  # tokens of rows sent in this run (what this run pays for)
     new_output_tokens: int = 0
@@ -87,6 +89,9 @@ class MergeStats:
         self.chunks += other.chunks
         self.statuses.update(other.statuses)
         self.errors.update(other.errors)
+        for kind, example in other.error_examples.items():
+            self.error_examples.setdefault(kind, example)
+        self.truncated_rows += other.truncated_rows
         self.retried_rows += other.retried_rows
         self.carried_rows += other.carried_rows
         self.recovered_rows += other.recovered_rows
@@ -99,6 +104,17 @@ class MergeStats:
         self.requests_resent += other.requests_resent
         self.batches += other.batches
 
+    def top_errors(self, count: int) -> list[list[Any]]:
+        """Return the ``count`` most common failures as ``[["status/code: first message", rows], ...]``.
+
+        Grouped by status and code, not by message: a message often quotes the answer (a cut-off
+        JSON text), which would split one cause into thousands of buckets of one.
+        """
+        return [
+            [f"{kind}: {self.error_examples[kind]}" if self.error_examples.get(kind) else kind, rows]
+            for kind, rows in self.errors.most_common(count)
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able summary."""
         return {
@@ -110,7 +126,8 @@ class MergeStats:
             "carried_rows": self.carried_rows,
             "retried_rows": self.retried_rows,
             "recovered_rows": self.recovered_rows,
-            "top_errors": [[what, count] for what, count in self.errors.most_common(TOP_ERRORS)],
+            "top_errors": self.top_errors(TOP_ERRORS),
+            "truncated_rows": self.truncated_rows,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "unmatched_results": self.unmatched_results,
@@ -222,23 +239,50 @@ def join_results(
     parsed: dict[str, pa.Array] = {}
     if validator is not None:
         columns["status"], columns["error"], error_code, parsed = _validate(
-            validator, columns["status"], columns["response"], columns["error"], error_code
+            validator, columns["status"], columns["response"], columns["error"], error_code, columns["finish_reason"]
         )
+    columns["error_code"] = _output_codes(columns["status"], error_code, kept.column("http_status"))
     table = rows
     for name in RESULT_COLUMNS:
         table = table.append_column(name, columns[name])
     for name, values in parsed.items():
         table = table.append_column(name, values)
-    stats = _stats(table, error_code, kept.column("http_status"), chunk.results, ids)
+    stats = _stats(table, chunk.results, ids)
     return table, stats
 
 
+def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _output_codes(status: pa.Array, error_code: pa.Array, http_status: pa.Array) -> pa.Array:
+    """Return each row's output ``error_code`` (see :func:`.line_retry.output_error_code`)."""
+    status, error_code, http_status = _flat(status), _flat(error_code), _flat(http_status)
+    failed = pc.fill_null(pc.not_equal(status, "succeeded"), False)
+    where = pc.indices_nonzero(failed)
+    codes = pa.nulls(len(status), pa.string())
+    if not len(where):
+        return codes
+    found = zip(status.take(where).to_pylist(), error_code.take(where).to_pylist(), http_status.take(where).to_pylist())
+    values = [output_error_code({"status": s, "error_code": c, "http_status": h}) for s, c, h in found]  # type: ignore[typeddict-item]
+    return pc.replace_with_mask(codes, failed, pa.array(values, pa.string()))
+
+
 def _validate(
-    validator: OutputValidator, status: pa.Array, response: pa.Array, error: pa.Array, error_code: pa.Array
+    validator: OutputValidator,
+    status: pa.Array,
+    response: pa.Array,
+    error: pa.Array,
+    error_code: pa.Array,
+    finish_reason: pa.Array,
 ) -> tuple[pa.Array, pa.Array, pa.Array, dict[str, pa.Array]]:
-    """Parse and check every succeeded answer: return the new status, error, error_code and parsed columns."""
+    """Parse and check every succeeded answer: return the new status, error, error_code and parsed columns.
+
+    An answer cut off at max_tokens says so: code ``truncated`` and ``finish_reason=length`` in the error.
+    """
     statuses, answers = status.to_pylist(), response.to_pylist()
     errors, codes = error.to_pylist(), error_code.to_pylist()
+    finished = finish_reason.to_pylist()
     parsed: dict[str, list[Any]] = {col: [None] * len(statuses) for col, _ in validator.columns.values()}
     for i, current in enumerate(statuses):
         if current != "succeeded":
@@ -246,6 +290,9 @@ def _validate(
         values, reason = validator.parse(answers[i])
         if values is None:
             statuses[i], errors[i], codes[i] = "invalid_output", reason, "schema"
+            if finished[i] == "length":
+                errors[i] = f"answer cut off at max_tokens (finish_reason=length); raise max_tokens: {reason}"
+                codes[i] = "truncated"
             continue
         for col in parsed:
             parsed[col][i] = values.get(col)
@@ -258,10 +305,8 @@ def _validate(
     )
 
 
-def _stats(
-    table: pa.Table, error_code: pa.Array, http_status: pa.Array, results: pa.Table, ids: pa.ChunkedArray
-) -> MergeStats:
-    """Count one merged chunk: statuses, tokens (all, and this run's), retries and failures."""
+def _stats(table: pa.Table, results: pa.Table, ids: pa.ChunkedArray) -> MergeStats:
+    """Count one merged chunk: statuses, tokens (all, and this run's), retries, truncations and failures."""
     status, tries = table.column("status"), table.column("attempts")
     stats = MergeStats(rows=table.num_rows, chunks=1)
     counts = pc.value_counts(status)
@@ -274,20 +319,23 @@ def _stats(
     retried = pc.greater(tries, 1)
     stats.retried_rows = _count(retried)
     stats.recovered_rows = _count(pc.and_(retried, pc.equal(status, "succeeded")))
+    stats.truncated_rows = _count(pc.equal(table.column("finish_reason"), "length"))
     failed = pc.not_equal(status, "succeeded")
     if _count(failed):
-        details = pa.table(
-            {
-                "status": status,
-                "error": table.column("error"),
-                "error_code": error_code,
-                "http_status": http_status,
-            }
-        ).filter(failed)
-        stats.errors.update(describe_failure(rec) for rec in details.to_pylist())
+        details = table.select(["status", "error_code", "error"]).filter(failed).to_pylist()
+        for row in details:
+            kind = f"{row['status']}/{row['error_code'] or '-'}"
+            stats.errors[kind] += 1
+            if kind not in stats.error_examples and row["error"]:
+                stats.error_examples[kind] = _short(row["error"])
     answered_ids = pc.unique(results.column("custom_id"))
     stats.unmatched_results = len(answered_ids) - _count(pc.is_in(answered_ids, value_set=ids))
     return stats
+
+
+def _short(message: str, limit: int = 120) -> str:
+    text = " ".join(message.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def chunk_attempts(batch: Mapping[str, Any]) -> list[BatchState]:
@@ -404,6 +452,8 @@ def format_summary_table(summary: dict[str, Any], extra: Sequence[tuple[str, str
     rows += [(f"status {name}", f"{count:,}") for name, count in summary["statuses"].items()]
     if summary.get("retried_rows"):
         rows.append(("rows retried", f"{summary['retried_rows']:,} ({summary.get('recovered_rows', 0):,} recovered)"))
+    if summary.get("truncated_rows"):
+        rows.append(("cut off at max_tokens", f"{summary['truncated_rows']:,} (finish_reason=length)"))
     rows += [(f"error x{count:,}", what) for what, count in summary.get("top_errors", [])[:3]]
     rows += [
         ("input tokens", f"{summary['input_tokens']:,}"),

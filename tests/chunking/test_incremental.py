@@ -38,6 +38,54 @@ def test_load_previous_keeps_only_succeeded_rows(tmp_path):
     assert load_previous(str(tmp_path / "missing")) is None
 
 
+def _with_code(cid, status, code, finish="stop"):
+    row = _row(cid, "f-" + cid, status=status, response=None if status == "errored" else "cut")
+    return {**row, "error_code": code, "finish_reason": finish}
+
+
+FINAL_AND_NOT = [
+    _with_code("ok", "succeeded", None),
+    _with_code("cut", "invalid_output", "truncated", finish="length"),
+    _with_code("schema", "invalid_output", "schema"),
+    _with_code("bad-request", "errored", "invalid_request_error"),
+    _with_code("http-400", "errored", "http_400"),
+    _with_code("server", "errored", "server_error"),
+    _with_code("http-503", "errored", "http_503"),
+    _with_code("rate", "errored", "http_429"),
+    _with_code("no-code", "errored", None),
+    _with_code("expired", "expired", "batch_expired"),
+    _with_code("canceled", "canceled", "batch_cancelled"),
+    _with_code("missing", "missing", None),
+]
+
+
+def test_final_results_of_every_status_are_carried_and_retryable_ones_are_not(tmp_path):
+    """A truncated (invalid_output) or 400-errored row of the same request is a result: not paid for again."""
+    _previous(tmp_path / "out", FINAL_AND_NOT)
+    kept = load_previous(str(tmp_path / "out")).column("custom_id").to_pylist()
+    assert kept == ["ok", "cut", "schema", "bad-request", "http-400"]
+    only_answers = load_previous(str(tmp_path / "out"), ["succeeded"]).column("custom_id").to_pylist()
+    assert only_answers == ["ok"]
+    chunk = _chunk_with_fingerprints(tmp_path, {r["custom_id"]: r["request_fingerprint"] for r in FINAL_AND_NOT})
+    (new,), stats = apply_skip_unchanged([chunk], load_previous(str(tmp_path / "out")))
+    assert (stats.carried, stats.sent) == (5, 7)
+    carried = {r["custom_id"]: r for r in read_carried(new["carry_path"]).to_pylist()}
+    assert carried["cut"]["error_code"] == "truncated" and carried["cut"]["http_status"] == 200
+    assert carried["bad-request"]["http_status"] is None
+
+
+@pytest.mark.parametrize("statuses", [["expired"], ["succeeded", "missing"], []])
+def test_carry_statuses_refuse_what_can_never_be_a_result(tmp_path, statuses):
+    from airflow_batch_provider.exceptions import InvalidInputError
+    from airflow_batch_provider.operators.chunk import ChunkOperator
+
+    with pytest.raises(InvalidInputError, match="carry_statuses"):
+        ChunkOperator(
+            task_id="chunk", source="x.parquet", prompt_template="{text}", model="gpt-4o-mini",
+            skip_unchanged=True, previous_output=str(tmp_path), carry_statuses=statuses,
+        )  # fmt: skip
+
+
 def test_unchanged_rows_are_carried_and_dropped_from_the_chunk(tmp_path):
     _previous(tmp_path / "out", [_row("a", "f1"), _row("b", "OLD"), _row("c", "f3", status="errored", response=None)])
     chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1", "b": "f2", "c": "f3", "d": "f4"})
