@@ -99,7 +99,14 @@ class BatchCancelledError(BatchEndedBadlyError):
 
 
 class ResultsError(BatchProviderError):
-    """Report result files that cannot be read or joined back onto the source rows."""
+    """Report result files that cannot be read or joined back onto the source rows.
+
+    ``line`` is the 1-based line of the result block or file at fault, when one is known.
+    """
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 class TooManyFailuresError(BatchProviderError, AirflowFailException):

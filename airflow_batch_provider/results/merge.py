@@ -365,10 +365,7 @@ def collect_attempts(hook: BatchHook | None, batch: Mapping[str, Any], endpoint:
         parts.append(_tagged(carried.cast(schema.append(pa.field("batch_id", pa.string()))), "", 0))
     for number, state in enumerate(chunk_attempts(batch), 1):
         assert hook is not None, "a chunk with attempts needs a hook to read them"
-        try:
-            found = concat_results(list(hook.iter_result_tables(state, response_type)), response_type)
-        except ResultsError as exc:
-            raise ResultsError(f"{batch['label']}: results of batch {state.batch_id} are unreadable: {exc}") from exc
+        found = _read_results(hook, state, response_type, batch["label"])
         parts.append(_tagged(found, state.batch_id, number))
         if number > 1:
             path = retry_path(batch["job_dir"], batch["chunk_index"], number)
@@ -380,6 +377,34 @@ def collect_attempts(hook: BatchHook | None, batch: Mapping[str, Any], endpoint:
             resent.insert(0, _tagged(pa.table({"custom_id": pa.array(sent, pa.string())}), state.batch_id, number))
     results = pa.concat_tables(parts) if parts else _tagged(schema.empty_table(), "", 0)
     return ChunkResults(rank_results(results), pa.concat_tables(resent) if resent else _no_resent())
+
+
+# What a result that does not parse raises, besides ResultsError: Arrow conversions and plain value errors.
+_PARSE_ERRORS = (pa.ArrowException, ValueError, TypeError, KeyError, UnicodeDecodeError)
+
+
+def _read_results(hook: BatchHook, state: BatchState, response_type: pa.DataType, label: str) -> pa.Table:
+    """Read one batch's results; wrap any parsing failure in ResultsError naming the chunk, batch and line."""
+    tables: list[pa.Table] = []
+    lines_before = 0  # result lines (one row each) in the blocks already read
+    try:
+        for table in hook.iter_result_tables(state, response_type):
+            tables.append(table)
+            lines_before += table.num_rows
+    except ResultsError as exc:
+        where = f" at result line {lines_before + exc.line}" if exc.line is not None else ""
+        raise ResultsError(_unreadable(label, state.batch_id, where, exc), line=exc.line) from exc
+    except _PARSE_ERRORS as exc:
+        where = f" after result line {lines_before}"
+        raise ResultsError(_unreadable(label, state.batch_id, where, f"{type(exc).__name__}: {exc}")) from exc
+    return concat_results(tables, response_type)
+
+
+def _unreadable(label: str, batch_id: str, where: str, reason: object) -> str:
+    return (
+        f"{label}: results of batch {batch_id} are unreadable{where}: {reason}. The batch is paid for and its "
+        "results stay with the provider: fix what is named here (or report it), then clear the merge task."
+    )
 
 
 def _no_resent() -> pa.Table:
