@@ -79,6 +79,45 @@ def test_truncated_jsonl_names_the_row(emulator, tmp_path):
     _no_chunks_left(tmp_path / "job")
 
 
+READ_ERRORS = [
+    pytest.param("p.csv", b"", "The file is empty: write a header row", id="empty-csv"),
+    pytest.param("p.jsonl", b"", "The file is empty: write one JSON object per line", id="empty-jsonl"),
+    pytest.param(
+        "p.csv",
+        b'id,title,note\n1,"two\nlines",a\n2,lamp\n3,kettle,c\n',
+        "Line 4 has 2 field(s) where the header has 3: quote values that contain the delimiter",
+        id="ragged-csv-after-a-multi-line-value",
+    ),
+    pytest.param(
+        "p.jsonl",
+        b'{"id": 1, "title": "a"}\n{"id": 2, "title": "b"}\n{"id": 3, "title": \n{"id": 4, "title": "d"}\n',
+        "Line 3 is not one complete JSON object",
+        id="malformed-jsonl-line",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "hint"), READ_ERRORS)
+def test_read_errors_get_a_hint_that_fits_them(emulator, tmp_path, name, content, hint):
+    """Not "column types are inferred from the first block", which is wrong for all of these."""
+    source = tmp_path / name
+    source.write_bytes(content)
+    with pytest.raises(InvalidInputError, match=f"Cannot read .*{name}") as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert hint in str(info.value)
+    assert "inferred from the first block" not in str(info.value)
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_a_csv_value_of_another_type_after_the_first_block_says_types_are_inferred(emulator, tmp_path):
+    source = tmp_path / "p.csv"
+    lines = [f"{i},title {i},{i}" for i in range(600_000)]  # more than the reader's first 8 MB block
+    source.write_text("id,title,price\n" + "\n".join(lines) + "\n1000000,late,cheap\n")
+    with pytest.raises(InvalidInputError, match="inferred from the first block of the file") as info:
+        _chunk_only(source, tmp_path / "job")
+    assert "parquet" in str(info.value) and "'cheap'" in str(info.value)
+
+
 def test_missing_input_file(emulator, tmp_path):
     with pytest.raises(InvalidInputError, match="does not exist"):
         _chunk_then_submit(tmp_path / "nowhere.parquet", tmp_path / "job")
