@@ -14,6 +14,7 @@ The hierarchy, drawn once so callers can catch at the right depth::
     │   ├── BatchFailedError           provider-side validation or processing failure
     │   └── BatchCancelledError        the batch was cancelled
     ├── ResultsError                   result files could not be read or joined back
+    ├── SinkError                      a merged part could not be written to (or read from) a sink
     └── TooManyFailuresError           merged, but some chunk has more failed rows than max_failure_ratio;
                                        never retried
 """
@@ -107,6 +108,10 @@ class ResultsError(BatchProviderError):
     def __init__(self, message: str, line: int | None = None) -> None:
         super().__init__(message)
         self.line = line
+
+
+class SinkError(BatchProviderError):
+    """A merged part could not be written to (or read from) the sink; the message names table and chunk."""
 
 
 class TooManyFailuresError(BatchProviderError, AirflowFailException):

@@ -39,7 +39,9 @@ nested lists, struct, map              JSONB                        JSON (text)
 Embeddings go to a native ``REAL[]`` on PostgreSQL (exact float32 values, no JSON parsing, and a
 direct cast to pgvector) and to a JSON array on SQLite, which has no array type; both read back as
 Python lists of floats. The key column is the primary key. A part that brings a column the table
-lacks adds it (nullable); columns the part lacks are left as they are.
+lacks adds it (nullable); columns the part lacks are left as they are. A column whose type changed
+(say ``response`` went from text to an embedding array) is refused, and on PostgreSQL NUL
+characters are removed from strings: see :mod:`airflow_batch_provider.sinks.sql_types`.
 """
 
 from __future__ import annotations
@@ -49,18 +51,17 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from airflow_batch_provider.exceptions import BatchProviderError
+from airflow_batch_provider.exceptions import SinkError
+from airflow_batch_provider.sinks.sql_types import check_column_types, column_type, strip_nul
 
-if TYPE_CHECKING:
-    from sqlalchemy.types import TypeEngine
+__all__ = ["SinkError", "SqlUpsertSink", "column_type", "engine_url"]
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,6 @@ _LIBPQ_EXTRAS = (
     "options",
     "target_session_attrs",
 )
-
-
-class SinkError(BatchProviderError):
-    """A merged part could not be written to (or read from) the sink; the message names table and chunk."""
 
 
 # -- connection → engine -----------------------------------------------------------------------------
@@ -115,64 +112,6 @@ def engine_url(conn: Any) -> URL:
     raise SinkError(
         f"Connection {conn.conn_id!r} has type {conn.conn_type!r}; SqlUpsertSink supports postgres and sqlite."
     )
-
-
-# -- Arrow → SQL types -------------------------------------------------------------------------------
-
-
-def _array_item_type(item: pa.DataType) -> TypeEngine[Any] | None:
-    """Return the PostgreSQL array element type for a list item type, or None when it needs JSON."""
-    if pa.types.is_dictionary(item):
-        item = item.value_type
-    if pa.types.is_float16(item) or pa.types.is_float32(item):
-        return sa.REAL()
-    if pa.types.is_float64(item):
-        return sa.Double()
-    if pa.types.is_integer(item) and not pa.types.is_uint64(item):
-        return sa.BigInteger()
-    if pa.types.is_boolean(item):
-        return sa.Boolean()
-    if pa.types.is_string(item) or pa.types.is_large_string(item):
-        return sa.Text()
-    return None
-
-
-def column_type(dtype: pa.DataType) -> TypeEngine[Any]:
-    """Return the SQLAlchemy type for an Arrow type (see the module's table); raise SinkError if unsupported."""
-    if pa.types.is_dictionary(dtype):
-        dtype = dtype.value_type
-    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_null(dtype):
-        return sa.Text()
-    if pa.types.is_boolean(dtype):
-        return sa.Boolean()
-    if pa.types.is_uint64(dtype):
-        return sa.Numeric(20, 0)
-    if pa.types.is_integer(dtype):
-        return sa.BigInteger()
-    if pa.types.is_float16(dtype) or pa.types.is_float32(dtype):
-        return sa.REAL()
-    if pa.types.is_floating(dtype):
-        return sa.Double()
-    if pa.types.is_decimal(dtype):
-        return sa.Numeric(dtype.precision, dtype.scale)
-    if pa.types.is_timestamp(dtype):
-        return sa.DateTime(timezone=dtype.tz is not None)
-    if pa.types.is_date(dtype):
-        return sa.Date()
-    if pa.types.is_time(dtype):
-        return sa.Time()
-    if pa.types.is_duration(dtype):
-        return sa.Interval()
-    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_fixed_size_binary(dtype):
-        return sa.LargeBinary()
-    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype):
-        item = _array_item_type(dtype.value_type)
-        if item is not None:
-            return sa.JSON().with_variant(postgresql.ARRAY(item), "postgresql")
-        return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-    if pa.types.is_struct(dtype) or pa.types.is_map(dtype):
-        return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-    raise SinkError(f"Arrow type {dtype} has no SQL column type in SqlUpsertSink; cast the column first.")
 
 
 # -- the sink ----------------------------------------------------------------------------------------
@@ -243,15 +182,27 @@ class SqlUpsertSink:
             log.info("%s: empty part, nothing to write", where)
             return 0
         started = time.monotonic()
+        if self.engine.dialect.name == "postgresql":  # its text cannot hold U+0000: see sql_types
+            table, changed, first = strip_nul(table, self.key)
+            if changed:
+                log.warning(
+                    "%s: removed NUL characters (which PostgreSQL text cannot hold) from %d value(s), e.g. in %s "
+                    "%r; the parquet part keeps them",
+                    where,
+                    changed,
+                    self.key,
+                    first,
+                )
         try:
-            target = self._ensure_table(table.schema)
+            target = self._ensure_table(table.schema, where)
             statement = self._upsert_statement(target, table.column_names)
             batches = 0
             with self.engine.begin() as conn:
                 for rows in self._row_batches(table):
                     conn.execute(statement, rows)
                     batches += 1
-        except sa.exc.SQLAlchemyError as exc:
+        except (sa.exc.SQLAlchemyError, ValueError, TypeError, OverflowError) as exc:
+            # The driver raises plain ValueError/TypeError for values it cannot send (not wrapped by SQLAlchemy).
             raise SinkError(f"{where}: the part was not written (rolled back): {_short(exc)}") from exc
         log.info(
             "%s: upserted %d rows in %d batch(es), one transaction, %.2f s",
@@ -286,16 +237,19 @@ class SqlUpsertSink:
         with self.engine.connect() as conn:
             return bool(sa.inspect(conn).has_table(self.table_name, schema=self.schema))
 
-    def _ensure_table(self, schema: pa.Schema) -> sa.Table:
+    def _ensure_table(self, schema: pa.Schema, where: str) -> sa.Table:
         """Create the table if missing, or add the part's missing columns; return it reflected.
 
-        Schema changes run in their own transactions before the data's: a part that then fails
-        leaves at most an empty table or a new, empty column behind.
+        A column whose type no longer fits the table is refused first (see
+        :func:`~airflow_batch_provider.sinks.sql_types.check_column_types`). Schema changes run in
+        their own transactions before the data's: a part that then fails leaves at most an empty
+        table or a new, empty column behind.
         """
         if not self._has_table():
             self._create(schema)
         with self.engine.begin() as conn:
             target = self._reflect(conn)
+            check_column_types(target, schema, conn.dialect, where)
             missing = [f for f in schema if f.name not in target.c]
             if missing:
                 prep = conn.dialect.identifier_preparer
