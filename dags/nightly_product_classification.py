@@ -64,7 +64,9 @@ def alert_on_failure(context: dict[str, Any]) -> None:
     )
 
 
-DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-5-5"}
+# Both are in the built-in price table (airflow_batch_provider.cost.pricing), so the cost guard and
+# the cost lines work out of the box; tests/test_dags.py checks every example default has a price.
+DEFAULT_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-haiku-4-5"}
 
 PROMPT = (
     "Classify this product into exactly one category.\n"
@@ -104,12 +106,19 @@ with DAG(
             description=f"Synthetic products to generate. Scheduled runs use the default ({SCHEDULED_ROWS}).",
         ),
         "provider": Param("openai", enum=["openai", "anthropic"], description="Batch API to use."),
-        "model": Param("", type="string", description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-5-5 (Anthropic)."),
+        "model": Param("", type="string", description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-4-5 (Anthropic)."),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
         "output_dir": Param("", type="string", description="Output dataset folder; empty: under data_dir."),
         "conn_id": Param("", type="string", description="Empty: the provider hook's default connection."),
         "max_cost_usd": Param(
             None, type=["null", "number"], description="Fail before uploading if the estimated cost exceeds this."
+        ),
+        "max_failure_ratio": Param(
+            0.05,
+            type=["null", "number"],
+            minimum=0,
+            maximum=1,
+            description="Fail the merge when more than this share of a chunk's rows did not succeed; null: never.",
         ),
         "poll_interval": Param(30, type="number", minimum=0.1, description="Seconds between status polls."),
         "chunk_size": Param(
@@ -165,5 +174,6 @@ with DAG(
         batches=completed.output,
         conn_id="{{ params.conn_id }}",
         output_dir=OUTPUT_DIR,
+        max_failure_ratio="{{ params.max_failure_ratio }}",
         outlets=[CLASSIFIED_PRODUCTS],
     )

@@ -40,6 +40,8 @@ def test_example_dag_shape(dagbag):
     dag = dagbag.dags["nightly_product_classification"]
     assert set(dag.task_ids) == {"make_products", "chunk", "submit", "wait", "merge"}
     assert dag.params["rows"] == 100
+    assert dag.params["max_failure_ratio"] == 0.05
+    assert dag.get_task("merge").max_failure_ratio == "{{ params.max_failure_ratio }}"
     (outlet,) = dag.get_task("merge").outlets  # downstream DAGs can be scheduled on the merged output
     assert outlet.name == "classified_products"
     assert dag.get_task("chunk").skip_unchanged is True
@@ -56,6 +58,50 @@ def test_unpausing_a_dag_never_starts_a_large_job(dagbag):
         rows = dag.params.get("rows")
         assert rows is not None, f"{dag.dag_id} is scheduled but has no rows Param: say what its runs send"
         assert rows < 10_000, f"{dag.dag_id}: unpausing it would start a scheduled run of {rows:,} rows"
+
+
+def test_every_default_model_of_the_example_dags_has_a_price(dagbag):
+    """Every model a paid batch API gets by default: otherwise a run shows cost "n/a" and max_cost_usd
+    fails with "no price known"."""
+    from airflow_batch_provider.cost.pricing import load_pricing
+    from airflow_batch_provider.operators.chunk import ChunkOperator
+
+    pricing = load_pricing()
+    checked = set()
+    for dag in dagbag.dags.values():
+        if not any(task.task_type == "SubmitBatchOperator" for task in dag.tasks):  # mapped ones too
+            continue  # self-hosted models run on your own GPUs: no price list applies
+        for task in dag.tasks:
+            if not isinstance(task, ChunkOperator):
+                continue
+            providers = dag.params.get_param("provider").schema.get("enum") if "provider" in dag.params else None
+            if "{{" not in task.model:
+                models = {task.model}
+            else:  # "{{ params.model or default_models[params.provider] }}"
+                assert not dag.params["model"], f"{dag.dag_id}: the model Param's default should be empty"
+                models = set(dag.user_defined_macros["default_models"].values())
+                assert set(dag.user_defined_macros["default_models"]) == set(providers or [])
+            for model in models:
+                assert pricing.get(model) is not None, f"{dag.dag_id}.{task.task_id}: no price for {model!r}"
+                checked.add(model)
+    assert {"gpt-4o-mini", "claude-haiku-4-5"} <= checked
+
+
+@pytest.mark.scenario
+def test_max_failure_ratio_param_reaches_the_merge(airflow_db, openai_conn, tmp_path, monkeypatch):
+    """3% truncated answers pass the default 0.05 (see above) but not a Param of 0.01; null turns it off."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    openai_conn.set_faults(truncate_rate=0.03)
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
+    conf = {"rows": 800, "data_dir": str(tmp_path / "data"), "poll_interval": 0.2, "max_failure_ratio": 0.01}
+    run = dag.test(run_conf={**conf, "output_dir": str(tmp_path / "strict")})
+    assert run.state == "failed"
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()}["merge"] == "failed"
+    assert (tmp_path / "strict" / "_SUMMARY.json").exists()  # everything written before the verdict
+    lenient = dag.test(run_conf={**conf, "max_failure_ratio": None, "output_dir": str(tmp_path / "lenient")})
+    assert lenient.state == "success"
 
 
 @pytest.mark.scenario

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -45,7 +46,7 @@ class MergeResultsOperator(BaseOperator):
     :param max_failure_ratio: the largest share of a chunk's rows that may end not ``succeeded``.
         Every part file and ``_SUMMARY.json`` are written first (what succeeded is kept); then
         TooManyFailuresError names each chunk over the ratio, how many rows failed and the most
-        common errors. None disables the check.
+        common errors. None disables the check. Templated (e.g. ``"{{ params.max_failure_ratio }}"``).
     :param pricing: price overrides for the actual-cost line (a dict or a file path).
     :param sink: also upsert each merged part elsewhere, e.g.
         ``SqlUpsertSink("my_postgres", "product_labels")`` (``ON CONFLICT (custom_id) DO UPDATE``,
@@ -57,7 +58,7 @@ class MergeResultsOperator(BaseOperator):
     as their event's extra, so downstream DAGs scheduled on them know where the data is.
     """
 
-    template_fields: Sequence[str] = ("batches", "output_dir", "conn_id")
+    template_fields: Sequence[str] = ("batches", "output_dir", "conn_id", "max_failure_ratio")
     ui_color = "#e6f5e6"
 
     def __init__(
@@ -67,14 +68,16 @@ class MergeResultsOperator(BaseOperator):
         output_dir: str,
         conn_id: str | None = None,
         provider: str | None = None,
-        max_failure_ratio: float | None = 0.05,
+        max_failure_ratio: float | str | None = 0.05,
         pricing: Mapping[str, Any] | str | None = None,
         sink: PartSink | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if max_failure_ratio is not None and not 0.0 <= float(max_failure_ratio) <= 1.0:
-            raise ValueError(f"max_failure_ratio must be between 0 and 1 (or None), got {max_failure_ratio!r}")
+        if not (isinstance(max_failure_ratio, str) and "{{" in max_failure_ratio):
+            _failure_ratio(
+                max_failure_ratio
+            )  # a bad literal is a DAG import error; a template is checked once rendered
         self.batches = batches
         self.output_dir = output_dir
         self.conn_id = conn_id
@@ -90,6 +93,7 @@ class MergeResultsOperator(BaseOperator):
         """Merge every chunk and return the job summary."""
         # One slice reads a mapped task's whole XCom in one call (iterating asks item by item,
         # and probes one past the end, which Airflow logs as an error).
+        self.max_failure_ratio = _failure_ratio(self.max_failure_ratio)
         received = self.batches[:] if isinstance(self.batches, Sequence) else list(self.batches)
         batches = sorted((dict(b) for b in received), key=lambda b: b["chunk_index"])
         if not batches:
@@ -179,6 +183,19 @@ def _estimated_costs(batches: list[dict[str, Any]]) -> tuple[float | None, float
         values = [b.get(key) for b in batches]
         sums.append(None if any(v is None for v in values) else float(sum(values)))  # type: ignore[arg-type]
     return sums[0], sums[1]
+
+
+def _failure_ratio(value: float | str | None) -> float | None:
+    """Return ``max_failure_ratio`` as a float in [0, 1] or None (a rendered template is text: "0.05", "None")."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None", "null")):
+        return None
+    try:
+        ratio = float(value)
+    except (TypeError, ValueError):
+        ratio = math.nan
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"max_failure_ratio must be between 0 and 1 (or None), got {value!r}")
+    return ratio
 
 
 def _too_many_failures_message(over: list[dict[str, Any]], limit: float | None, num_chunks: int) -> str:
