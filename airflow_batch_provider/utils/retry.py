@@ -33,9 +33,15 @@ class RetryPolicy:
     max_delay: float = 60.0
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        """Return the wait before attempt ``attempt + 1`` (attempt counts from 1)."""
+        """Return the wait before attempt ``attempt + 1`` (attempt counts from 1).
+
+        A ``Retry-After`` is a lower bound, not an appointment: every request the server turned
+        away at once is told the same value, and waiting exactly that long would send them all back
+        together, to be turned away together again. So up to a quarter more is added at random.
+        """
         if retry_after is not None and retry_after > 0:
-            return min(retry_after, self.max_delay)
+            wait = min(retry_after, self.max_delay)
+            return wait * (1 + random.random() / 4)
         backoff = min(self.base_delay * 2 ** (attempt - 1), self.max_delay)
         return backoff * (0.5 + random.random() / 2)
 
