@@ -62,6 +62,7 @@ RETRYABLE_CODES = frozenset(
         "timeout_error",
         "request_timeout",
         "batch_expired",
+        "connection_error",  # self-hosted output lines: the server could not be reached
     }
 )
 _RETRYABLE_HTTP = frozenset({408, 409, 429})

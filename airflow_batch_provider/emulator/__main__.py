@@ -53,6 +53,8 @@ switch                     what the emulator does
 --cancel-batches           provider-side cancel of every new batch once half its lines are done
 --http-429-rate R          fraction R of API calls get 429 with ``retry-after`` /
                            ``retry-after-ms`` (``--retry-after SECONDS``, default 1)
+--realtime-max-in-flight N realtime routes admit N requests at once (a server at its
+                           ``--max-num-seqs``); one more gets 429 with ``retry-after``
 --http-500-rate R          fraction R of API calls get a 500
 --drop-rate R              fraction R of API calls have the connection closed without an answer
 --slow SECONDS             each batch spends this much longer in progress (lines are paced
@@ -126,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--cancel-batches", action="store_true", help="cancel every new batch provider-side")
     parser.add_argument("--http-429-rate", type=float, default=0.0, help="fraction of API calls answered 429")
+    parser.add_argument(
+        "--realtime-max-in-flight", type=int, default=0, help="realtime requests admitted at once; more get 429"
+    )
     parser.add_argument("--retry-after", type=float, default=1.0, help="retry-after seconds on 429s (default 1)")
     parser.add_argument("--http-500-rate", type=float, default=0.0, help="fraction of API calls answered 500")
     parser.add_argument("--drop-rate", type=float, default=0.0, help="fraction of API calls dropped unanswered")
@@ -178,6 +183,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         invalid_line_rate=args.invalid_line_rate,
         expire_rate=args.expire_rate,
         truncate_rate=args.truncate_rate,
+        realtime_max_in_flight=args.realtime_max_in_flight,
         fail_validation=args.fail_validation,
         cancel_batches=args.cancel_batches,
         http_429_rate=args.http_429_rate,

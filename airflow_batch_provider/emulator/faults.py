@@ -19,6 +19,9 @@ Anthropic ``in_progress``) until its status has been retrieved that many times, 
 retrieve is the first that can see it ended, as with a real batch that runs longer than a poll
 interval. Listing batches does not count.
 
+``realtime_max_in_flight`` makes the realtime routes admit that many requests at once, as a
+server at its ``--max-num-seqs`` does: one more gets 429 with ``retry-after`` (``retry_after``).
+
 ``truncate_rate`` cuts answers off as a model reaching ``max_tokens`` does: decided per
 ``(seed, custom_id)`` like a permanent fault (at temperature 0 the same request is cut the same way
 every time), the answer text or JSON ends early and the result says so (OpenAI ``finish_reason:
@@ -116,6 +119,7 @@ class Faults:
     token_limit: int | None = None
     polls_before_done: int = 0
     truncate_rate: float = 0.0
+    realtime_max_in_flight: int = 0
     delay_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
     delay_after_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
 
@@ -139,6 +143,9 @@ class Faults:
         polls = self.polls_before_done
         if isinstance(polls, bool) or not isinstance(polls, int) or polls < 0:
             raise ValueError(f"polls_before_done={polls!r} must be a whole number >= 0 (0 turns it off).")
+        cap = self.realtime_max_in_flight
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"realtime_max_in_flight={cap!r} must be a whole number >= 0 (0 turns it off).")
         for name in ("delay_routes", "delay_after_routes"):
             object.__setattr__(self, name, _clean_delays(name, getattr(self, name)))
 
