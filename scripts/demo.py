@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from airflow_batch_provider.results.merge import format_summary_table
+from airflow_batch_provider.results.summary import format_summary_table
 
 REPO = Path(__file__).resolve().parent.parent
 FRESH_START = "make clean (removes .demo/ and .airflow/), or delete the output folder above"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batch_provider.results.merge import format_summary_table
+from airflow_batch_provider.results.summary import format_summary_table
 from tests.conftest import REPO_ROOT
 
 

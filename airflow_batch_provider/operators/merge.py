@@ -16,15 +16,8 @@ from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.results.merge import (
-    SUMMARY_FILE,
-    MergeStats,
-    PartSink,
-    format_summary_table,
-    merge_chunk,
-    part_name,
-    remove_stale_parts,
-)
+from airflow_batch_provider.results.merge import SUMMARY_FILE, PartSink, merge_chunk, part_name, remove_stale_parts
+from airflow_batch_provider.results.summary import MergeStats, format_summary_table
 from airflow_batch_provider.utils.storage import atomic_write, join, makedirs
 
 
@@ -91,9 +84,9 @@ class MergeResultsOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Merge every chunk and return the job summary."""
+        self.max_failure_ratio = _failure_ratio(self.max_failure_ratio)  # rendered: "0.05", "None"
         # One slice reads a mapped task's whole XCom in one call (iterating asks item by item,
         # and probes one past the end, which Airflow logs as an error).
-        self.max_failure_ratio = _failure_ratio(self.max_failure_ratio)
         received = self.batches[:] if isinstance(self.batches, Sequence) else list(self.batches)
         batches = sorted((dict(b) for b in received), key=lambda b: b["chunk_index"])
         if not batches:
@@ -110,13 +103,7 @@ class MergeResultsOperator(BaseOperator):
             stats = merge_chunk(hook, batch, self.output_dir, self.sink)
             # Carried rows were paid for in an earlier run: price only what this run's batches used.
             usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
-            self.log.info(
-                "%s: merged %d rows from %d attempt(s) (%s)",
-                batch["label"],
-                stats.rows,
-                len(batch.get("attempts") or ([batch["state"]] if batch.get("state") else [])),
-                dict(stats.statuses),
-            )
+            self._log_merged(batch, stats)
             total.add(stats)
             ratio = stats.failed / stats.rows if stats.rows else 0.0
             if self.max_failure_ratio is not None and ratio > self.max_failure_ratio:
@@ -153,6 +140,12 @@ class MergeResultsOperator(BaseOperator):
                 _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
             )
         return summary
+
+    def _log_merged(self, batch: Mapping[str, Any], stats: MergeStats) -> None:
+        attempts = len(batch.get("attempts") or ([batch["state"]] if batch.get("state") else []))
+        self.log.info(
+            "%s: merged %d rows from %d attempt(s) (%s)", batch["label"], stats.rows, attempts, dict(stats.statuses)
+        )
 
     def _emit(self, context: Context, metrics: BatchMetrics, total: MergeStats, summary: dict[str, Any]) -> None:
         """Emit the run's metrics and attach the summary to every outlet Asset's event."""

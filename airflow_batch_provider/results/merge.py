@@ -16,9 +16,8 @@ result was carried over by ``skip_unchanged``, see :mod:`airflow_batch_provider.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -27,11 +26,11 @@ import pyarrow.parquet as pq
 
 from airflow_batch_provider.batches.line_retry import output_error_code, read_custom_ids, retry_path
 from airflow_batch_provider.chunking.incremental import read_carried
-from airflow_batch_provider.cost.estimate import cost_rows
 from airflow_batch_provider.descriptors import RESULT_COLUMNS, CompletedBatch, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.results.structured import OutputValidator
+from airflow_batch_provider.results.summary import MergeStats
 from airflow_batch_provider.results.table import EMBEDDING, TEXT, concat_results, records_to_table, result_schema
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.utils.storage import atomic_write, join, to_path
@@ -39,7 +38,6 @@ from airflow_batch_provider.utils.storage import atomic_write, join, to_path
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "_SUMMARY.json"
-TOP_ERRORS = 5
 _PREFERENCE = {"succeeded": 0, "invalid_output": 1, "errored": 2, "expired": 3, "canceled": 4, "missing": 5}
 
 
@@ -54,87 +52,6 @@ class PartSink(Protocol):
 def part_name(chunk_index: int) -> str:
     """Return the deterministic file name of a chunk's output part."""
     return f"part-{chunk_index:05d}.parquet"
-
-
-@dataclass
-class MergeStats:
-    """Counters for one merge (one chunk, or a whole job once added up)."""
-
-    rows: int = 0
-    chunks: int = 0
-    statuses: Counter[str] = field(default_factory=Counter)
-    input_tokens: int = 0
-    output_tokens: int = 0
-    unmatched_results: int = 0
-    requests_sent: int = 0  # requests in the chunks' first batches
-    requests_resent: int = 0  # ... plus these, sent again in follow-up batches (line retries)
-    batches: int = 0  # batches created, follow-ups included
-    errors: Counter[str] = field(default_factory=Counter)  # failed rows per "status/code" (e.g. "errored/server_error")
-    error_examples: dict[str, str] = field(default_factory=dict)  # the first message seen per "status/code"
-    truncated_rows: int = 0  # answers cut off at max_tokens (finish_reason "length"), whatever their status
-    carried_rows: int = 0  # unchanged rows whose stored result was kept (skip_unchanged)
-    new_input_tokens: int = 0  # tokens of rows sent in this run (what this run pays for)
-    new_output_tokens: int = 0
-    retried_rows: int = 0  # rows sent in more than one batch
-    recovered_rows: int = 0  # ... that succeeded in the end
-
-    @property
-    def failed(self) -> int:
-        """Return the rows whose final status is not ``succeeded``."""
-        return self.rows - self.statuses.get("succeeded", 0)
-
-    def add(self, other: MergeStats) -> None:
-        """Add another merge's counters to these."""
-        self.rows += other.rows
-        self.chunks += other.chunks
-        self.statuses.update(other.statuses)
-        self.errors.update(other.errors)
-        for kind, example in other.error_examples.items():
-            self.error_examples.setdefault(kind, example)
-        self.truncated_rows += other.truncated_rows
-        self.retried_rows += other.retried_rows
-        self.carried_rows += other.carried_rows
-        self.recovered_rows += other.recovered_rows
-        self.input_tokens += other.input_tokens
-        self.output_tokens += other.output_tokens
-        self.new_input_tokens += other.new_input_tokens
-        self.new_output_tokens += other.new_output_tokens
-        self.unmatched_results += other.unmatched_results
-        self.requests_sent += other.requests_sent
-        self.requests_resent += other.requests_resent
-        self.batches += other.batches
-
-    def top_errors(self, count: int) -> list[list[Any]]:
-        """Return the ``count`` most common failures as ``[["status/code: first message", rows], ...]``.
-
-        Grouped by status and code, not by message: a message often quotes the answer (a cut-off
-        JSON text), which would split one cause into thousands of buckets of one.
-        """
-        return [
-            [f"{kind}: {self.error_examples[kind]}" if self.error_examples.get(kind) else kind, rows]
-            for kind, rows in self.errors.most_common(count)
-        ]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-able summary."""
-        return {
-            "rows": self.rows,
-            "chunks": self.chunks,
-            "statuses": dict(sorted(self.statuses.items())),
-            "succeeded": self.statuses.get("succeeded", 0),
-            "failed": self.failed,
-            "carried_rows": self.carried_rows,
-            "retried_rows": self.retried_rows,
-            "recovered_rows": self.recovered_rows,
-            "top_errors": self.top_errors(TOP_ERRORS),
-            "truncated_rows": self.truncated_rows,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "unmatched_results": self.unmatched_results,
-            "requests_sent": self.requests_sent,
-            "requests_resent": self.requests_resent,
-            "batches": self.batches,
-        }
 
 
 @dataclass
@@ -460,33 +377,3 @@ def remove_stale_parts(output_dir: str, keep: Sequence[str]) -> list[str]:
             path.unlink()
             removed.append(path.name)
     return removed
-
-
-def format_summary_table(summary: dict[str, Any], extra: Sequence[tuple[str, str]] = ()) -> str:
-    """Render a merge summary (plus ``extra`` rows, e.g. the demo's) as a small aligned text table."""
-    rows: list[tuple[str, str]] = [
-        ("rows", f"{summary['rows']:,}"),
-        ("chunks", f"{summary['chunks']:,}"),
-        ("batches", f"{summary.get('batches', 0):,} (follow-ups included)"),
-        ("requests sent", f"{summary['requests_sent']:,}"),
-    ]
-    if summary.get("requests_resent"):
-        rows.append(("requests resent", f"{summary['requests_resent']:,} (line retries, in follow-up batches)"))
-    # Always shown: a rerun that sends nothing must say why (rows kept from an earlier run).
-    rows.append(("rows carried", f"{summary.get('carried_rows', 0):,} (stored results of an earlier run, not sent)"))
-    rows += [(f"status {name}", f"{count:,}") for name, count in summary["statuses"].items()]
-    if summary.get("retried_rows"):
-        rows.append(("rows retried", f"{summary['retried_rows']:,} ({summary.get('recovered_rows', 0):,} recovered)"))
-    if summary.get("truncated_rows"):
-        rows.append(("cut off at max_tokens", f"{summary['truncated_rows']:,} (finish_reason=length)"))
-    rows += [(f"error x{count:,}", what) for what, count in summary.get("top_errors", [])[:3]]
-    rows += [
-        ("input tokens", f"{summary['input_tokens']:,}"),
-        ("output tokens", f"{summary['output_tokens']:,}"),
-    ]
-    rows += cost_rows(summary)
-    if summary.get("output"):
-        rows.append(("output", str(summary["output"])))
-    rows += extra
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
