@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -246,8 +247,24 @@ def describe_file(path: str) -> FollowUpFile:
     return FollowUpFile(path, lines, size, digest.hexdigest())
 
 
+_PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def batch_file_name(batch_id: str) -> str:
+    """Return a file name for a provider-supplied ``batch_id`` that cannot leave its folder.
+
+    Ids such as ``batch_abc123`` or ``msgbatch_01…`` are used as they are. Anything else (``../../x``,
+    an ARN with ``/`` and ``:``, an over-long id) is cleaned to ``[A-Za-z0-9_.-]`` and given 12 hex of
+    its sha256, so two different ids never share a file.
+    """
+    if _PLAIN_ID.fullmatch(batch_id) and ".." not in batch_id:
+        return batch_id
+    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "_", batch_id).strip("_")[:80] or "batch"
+    return f"{cleaned}-{hashlib.sha256(batch_id.encode('utf-8')).hexdigest()[:12]}"
+
+
 def _cancel_marker(job_dir: str, batch_id: str) -> str:
-    return join(job_dir, RETRIES_DIR, "cancelled", f"{batch_id}.json")
+    return join(job_dir, RETRIES_DIR, "cancelled", f"{batch_file_name(batch_id)}.json")
 
 
 def mark_cancelled_by_us(job_dir: str, batch_id: str, why: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -62,6 +63,16 @@ def sanitise_path_part(text: str) -> str:
     return cleaned or "_"
 
 
+def run_folder_name(run_id: str) -> str:
+    """Return a readable folder name that is unique per run_id: the cleaned run_id plus 8 hex of its hash.
+
+    Cleaning alone maps ``a:b``, ``a+b``, ``a/b`` and ``a_b`` to one name (Airflow's run_id pattern
+    allows ``:``, ``+`` and ``~``), and two runs would then share — and overwrite — one job folder.
+    """
+    digest = hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:8]
+    return f"{sanitise_path_part(run_id)[:120]}-{digest}"
+
+
 class ChunkOperator(BaseOperator):
     """Validate a table and write it as JSONL request chunks; return one descriptor per chunk.
 
@@ -97,7 +108,9 @@ class ChunkOperator(BaseOperator):
     :param endpoint: OpenAI ``/v1/chat/completions`` (default), ``/v1/embeddings``, ``/v1/completions``;
         Anthropic ``/v1/messages`` (default).
     :param job_dir: folder for this job's files; default
-        ``{$AIRFLOW_BATCH_WORK_DIR or $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}/{task_id}``. Templated.
+        ``{$AIRFLOW_BATCH_WORK_DIR or $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}-{hash}/{task_id}``
+        (the run_id cleaned to ``[A-Za-z0-9._-]``, plus 8 hex of its sha256 so that every run_id gets
+        its own folder). Templated.
     :param system_prompt: optional system prompt. Templated.
     :param id_column: column whose values become custom_ids; default: a hash of each row. Templated.
     :param request_params: request parameters passed into every request body (``max_tokens``,
@@ -238,8 +251,8 @@ class ChunkOperator(BaseOperator):
         map_index = getattr(ti, "map_index", None)
         if isinstance(map_index, int) and map_index >= 0:
             task_dir = f"{task_dir}-{map_index}"
-        parts = (self.dag_id or "no_dag", str(run_id or "manual"), task_dir)
-        return os.path.join(default_work_dir(), *(sanitise_path_part(p) for p in parts))
+        dag_dir, task_dir = (sanitise_path_part(p) for p in (self.dag_id or "no_dag", task_dir))
+        return os.path.join(default_work_dir(), dag_dir, run_folder_name(str(run_id or "manual")), task_dir)
 
     def execute(self, context: Context) -> list[ChunkDescriptor]:
         """Write the chunk files and return their descriptors (small dicts, safe for XCom)."""
