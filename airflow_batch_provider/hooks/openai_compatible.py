@@ -15,7 +15,7 @@ Connection (type ``openai_compatible``, default id ``openai_compatible_default``
 in the extra ``base_url`` or the host field (``http://gpu-box:8000/v1``; a URL without a path
 gets ``/v1``; a bare host gets ``http://`` and the port field); the API key, if the server wants
 one, in the password field (``vllm serve --api-key``). Optional extras: ``timeout`` (seconds per
-request) and ``headers`` (a JSON object of extra HTTP headers).
+request) and ``headers`` (a JSON object of extra HTTP headers; every value is masked in logs).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import openai
 from airflow.sdk import BaseHook
+from airflow.sdk.log import mask_secret
 
 from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.local_results import ResultCounts, error_line, success_line
@@ -139,6 +140,10 @@ class OpenAICompatibleHook(BaseHook):
                 headers = None
         if not isinstance(headers, dict):
             raise openai.OpenAIError(f"Connection {self.conn_id!r}: the 'headers' extra must be a JSON object.")
+        for value in headers.values():
+            # Extra headers usually carry credentials (a gateway token, an org key), and the UI stores
+            # the extra as plain text, which Airflow's masker does not look inside: mask each value.
+            mask_secret(str(value))
         return {
             "base_url": normalise_base_url(extra.get("base_url") or conn.host, conn.port),
             "api_key": conn.password or extra.get("api_key") or PLACEHOLDER_API_KEY,
