@@ -9,6 +9,7 @@ of the ``openai`` type made for Airflow's OpenAI provider works too (its
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -166,7 +167,8 @@ class OpenAIBatchHook(BatchHook):
         """Return the async SDK client (connection read without blocking the event loop)."""
         if self._async_client is None:
             conn = await self.aget_connection(self.conn_id)
-            self._async_client = openai.AsyncOpenAI(**self._client_kwargs(conn))
+            # Building a client loads the TLS trust store (tens of ms): not on the triggerer's loop.
+            self._async_client = await asyncio.to_thread(lambda: openai.AsyncOpenAI(**self._client_kwargs(conn)))
         return self._async_client
 
     def _call(self, what: str, fn: Any) -> Any:
