@@ -56,6 +56,7 @@ class SubmittedBatch(ChunkDescriptor):
 
     batch_id: str
     input_file_id: NotRequired[str | None]
+    idempotency_key: NotRequired[str]  # the batch's key at the provider: the sensor cancels other batches with it
 
 
 class CompletedBatch(SubmittedBatch):

@@ -100,6 +100,12 @@ def state_from_openai(batch: Any) -> BatchState:
     )
 
 
+#: Seconds one batch-create request may take (a small JSON POST; uploads keep the client's 600 s).
+CREATE_TIMEOUT = 60.0
+#: Seconds after which a failing create is not attempted again (the task fails; its retry reconciles).
+CREATE_WITHIN = 180.0
+
+
 class OpenAIBatchHook(BatchHook):
     """Submit chunk files to the OpenAI Batch API, poll, cancel and stream results.
 
@@ -190,14 +196,22 @@ class OpenAIBatchHook(BatchHook):
         """Create a batch over the uploaded file with the 24 h completion window; return its id."""
         if not input_file_id:
             raise ValueError(f"{chunk['label']}: an OpenAI batch needs an uploaded file (see upload_file)")
-        batch = self._call(
-            f"{chunk['label']}: batch create for file {input_file_id}",
-            lambda: self.client.batches.create(
+        # Bounded: a create still in flight when this task is declared dead can land after the rerun
+        # created its own batch (both are then billed). Short attempts, no SDK retries of its own, and
+        # no new attempt after CREATE_WITHIN seconds keep that window small; the submit and the sensor
+        # reconcile what lands anyway (batches/submission.py: cancel_siblings).
+        client = self.client.with_options(timeout=CREATE_TIMEOUT, max_retries=0)
+        batch = call_with_retries(
+            lambda: client.batches.create(
                 input_file_id=input_file_id,
                 endpoint=chunk["endpoint"],  # type: ignore[arg-type]
                 completion_window="24h",
                 metadata=dict(metadata),
             ),
+            what=f"{chunk['label']}: batch create for file {input_file_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+            within=CREATE_WITHIN,
         )
         self.log.info("%s: created batch %s from file %s", chunk["label"], batch.id, input_file_id)
         return str(batch.id)

@@ -52,8 +52,14 @@ Classifier = Callable[[BaseException], tuple[bool, float | None]]
 """Return (retryable, retry_after_seconds) for an exception raised by a provider call."""
 
 
-def call_with_retries(fn: Callable[[], T], *, what: str, classify: Classifier, policy: RetryPolicy) -> T:
-    """Call ``fn`` until it succeeds, a non-retryable error occurs, or attempts run out."""
+def call_with_retries(
+    fn: Callable[[], T], *, what: str, classify: Classifier, policy: RetryPolicy, within: float | None = None
+) -> T:
+    """Call ``fn`` until it succeeds, a non-retryable error occurs, or attempts run out.
+
+    ``within`` (seconds) also bounds the whole call: no attempt starts after that time has passed.
+    """
+    give_up_at = None if within is None else time.monotonic() + within
     for attempt in range(1, policy.attempts + 1):
         try:
             return fn()
@@ -62,6 +68,10 @@ def call_with_retries(fn: Callable[[], T], *, what: str, classify: Classifier, p
             if not retryable or attempt == policy.attempts:
                 raise ProviderCallError(f"{what} failed after {attempt} attempt(s): {exc}") from exc
             wait = policy.delay(attempt, retry_after)
+            if give_up_at is not None and time.monotonic() + wait > give_up_at:
+                raise ProviderCallError(
+                    f"{what} failed after {attempt} attempt(s) and is not retried past {within:.0f} s: {exc}"
+                ) from exc
             log.warning("%s failed (%s); retrying in %.1f s (attempt %d/%d)", what, exc, wait, attempt, policy.attempts)
             time.sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover

@@ -92,3 +92,27 @@ def test_backoff_without_retry_after_doubles_and_is_capped():
     for attempt, ceiling in ((1, 1.0), (2, 2.0), (3, 4.0), (6, 5.0)):
         waits = [policy.delay(attempt, None) for _ in range(50)]
         assert ceiling / 2 <= min(waits) and max(waits) <= ceiling
+
+
+def test_within_bounds_how_long_a_call_keeps_retrying():
+    """A batch create must not keep retrying for minutes: it could land after the task's rerun created its own."""
+    import time
+
+    from airflow_batch_provider.utils.retry import call_with_retries
+
+    calls = []
+
+    def create():
+        calls.append(time.monotonic())
+        raise ConnectionError("provider busy")
+
+    started = time.monotonic()
+    with pytest.raises(ProviderCallError, match="not retried past 1 s"):
+        call_with_retries(
+            create,
+            what="batch create",
+            classify=lambda exc: (True, 0.6),  # retryable, Retry-After 0.6 s
+            policy=RetryPolicy(attempts=10, base_delay=0.6, max_delay=0.6),
+            within=1.0,
+        )
+    assert len(calls) == 2 and time.monotonic() - started < 1.5  # 10 attempts would take 6 s
