@@ -197,7 +197,9 @@ def _create(
     batch_id = hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)
     checkpoint.save({**record, "batch_id": batch_id})
     # Reconcile again: an orphaned attempt (its supervisor gone, its process alive) may still have
-    # had a create in flight when this attempt looked, and it may have landed since.
+    # had a create in flight when this attempt looked, and it may have landed since. The orphan
+    # itself never gets here: without its supervisor the checkpoint save above fails, so it cannot
+    # cancel the batch of the attempt Airflow follows.
     key = metadata.get(IDEMPOTENCY_METADATA_KEY) or ""
     cancelled = cancel_siblings(hook, chunk, key, batch_id, since=record.get("intent_at"), log=log) if key else []
     return {**chunk, "batch_id": batch_id, "input_file_id": file_id, "idempotency_key": key}, cancelled
