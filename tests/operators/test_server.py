@@ -123,7 +123,9 @@ def test_requests_in_flight_never_exceed_max_concurrency(slow_server_conn, tmp_p
 def test_429_500_and_dropped_connections_are_retried_to_success(server_conn, tmp_path):
     server_conn.set_faults(seed=5, http_429_rate=0.15, http_500_rate=0.15, drop_rate=0.05, retry_after=0.01)
     chunk, _ = _chunk(tmp_path, 60)
-    result = _op(chunk, max_concurrency=8).execute(make_context())
+    # Every attempt is the hook's own (no SDK retries underneath): 12, as the SDK's 3 x FAST's 4 were.
+    policy = RetryPolicy(attempts=12, base_delay=0.01, max_delay=0.05)
+    result = _op(chunk, max_concurrency=8, request_retry_policy=policy).execute(make_context())
     http = server_conn.stats()["http"]
     assert http["injected_429"] > 0 and http["injected_500"] > 0 and http["dropped"] > 0
     assert result["state"]["counts"] == {"total": 60, "completed": 60, "failed": 0}

@@ -242,7 +242,8 @@ def test_an_orphans_create_that_lands_late_is_cancelled_after_the_rerun_creates(
     reconciles, finds nothing and creates too; the orphan's lands first. The rerun checks again."""
     import threading
 
-    openai_conn.set_faults(delay_routes={"POST /v1/batches": 1.5})  # both creates are held on the way in
+    # Both creates are held on the way in; batches then stay in progress (slow), as real ones do.
+    openai_conn.set_faults(delay_routes={"POST /v1/batches": 1.5}, slow=60)
     store = InMemoryTaskStateStore()  # the task instance's state store, shared by both attempts
     chunk = _chunk(tmp_path)
     orphan: dict = {}
@@ -267,9 +268,12 @@ def test_an_orphans_create_that_lands_late_is_cancelled_after_the_rerun_creates(
 
 def test_the_sensor_cancels_a_sibling_it_sees_first(openai_conn, openai_hook, tmp_path, caplog, capsys):
     """A late create can land after the submit's own check too: the sensor's first look cancels it."""
+    from airflow.sdk.exceptions import TaskDeferred
+
     from airflow_batch_provider.batches.submission import batch_metadata
     from airflow_batch_provider.sensors.batch import BatchCompleteSensor
 
+    openai_conn.set_faults(slow=60)  # batches stay in progress, as real ones do
     store = InMemoryTaskStateStore()
     chunk = _chunk(tmp_path)
     submitted = _op(chunk).execute(make_context(store))
@@ -279,8 +283,9 @@ def test_the_sensor_cancels_a_sibling_it_sees_first(openai_conn, openai_hook, tm
         chunk, input_file_id=file_id, metadata=batch_metadata({}, key, "test_dag", "run-1", "submit[0]", "late")
     )
     caplog.set_level(logging.WARNING)
-    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=False)
-    result = sensor.execute(make_context(InMemoryTaskStateStore()))
-    assert result["batch_id"] == submitted["batch_id"]
+    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
+    with pytest.raises(TaskDeferred):  # its batch is still running: it defers, after its first look
+        sensor.execute(make_context(InMemoryTaskStateStore()))
+    assert openai_hook.get_state(submitted["batch_id"]).status == BatchStatus.IN_PROGRESS
     assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
     assert f"cancelling batch {late}" in caplog.text + capsys.readouterr().out
