@@ -99,12 +99,7 @@ def submit_once(
         state = hook.get_state(record["batch_id"])
         if state.status not in _DEAD:
             log.info("%s: reattaching to batch %s (%s)", chunk["label"], state.batch_id, state.provider_status)
-            return {
-                **chunk,
-                "batch_id": state.batch_id,
-                "input_file_id": record.get("input_file_id"),
-                "idempotency_key": key,
-            }
+            return _submitted(chunk, state.batch_id, record.get("input_file_id"), key)
         log.warning(
             "%s: batch %s from an earlier attempt ended %s; submitting a new one",
             chunk["label"],
@@ -124,12 +119,7 @@ def submit_once(
             hook.cancel(dup.batch_id)
         log.info("%s: found batch %s created by an earlier attempt", chunk["label"], keep.batch_id)
         checkpoint.save({**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": keep.batch_id})
-        return {
-            **chunk,
-            "batch_id": keep.batch_id,
-            "input_file_id": (record or {}).get("input_file_id"),
-            "idempotency_key": key,
-        }
+        return _submitted(chunk, keep.batch_id, (record or {}).get("input_file_id"), key)
 
     extra_metadata = dict(prepare()) if prepare is not None else {}
     record = {"fingerprint": chunk["fingerprint"], "idempotency_key": key, "intent_at": time.time(), **(record or {})}
@@ -202,7 +192,11 @@ def _create(
     # cancel the batch of the attempt Airflow follows.
     key = metadata.get(IDEMPOTENCY_METADATA_KEY) or ""
     cancelled = cancel_siblings(hook, chunk, key, batch_id, since=record.get("intent_at"), log=log) if key else []
-    return {**chunk, "batch_id": batch_id, "input_file_id": file_id, "idempotency_key": key}, cancelled
+    return _submitted(chunk, batch_id, file_id, key), cancelled
+
+
+def _submitted(chunk: ChunkDescriptor, batch_id: str, file_id: str | None, key: str) -> SubmittedBatch:
+    return {**chunk, "batch_id": batch_id, "input_file_id": file_id, "idempotency_key": key}
 
 
 def cancel_siblings(
