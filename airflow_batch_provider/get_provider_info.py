@@ -1,11 +1,14 @@
 """Provider metadata read by Airflow's providers manager (entry point ``apache_airflow_provider``).
 
-Kept free of imports: Airflow calls it while its own configuration is still loading.
+Kept free of imports but the version (the package's ``__init__`` holds nothing else): Airflow
+calls it while its own configuration is still loading.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from airflow_batch_provider import __version__
 
 _OPENAI_FIELDS: dict[str, Any] = {
     "organization": {
@@ -62,7 +65,7 @@ def get_provider_info() -> dict[str, Any]:
         "package-name": "airflow-batch-provider",
         "name": "LLM Batch Inference",
         "description": "Batch LLM inference through provider batch APIs (OpenAI, Anthropic) and self-hosted vLLM.",
-        "versions": ["0.1.0"],
+        "versions": [__version__],
         "integrations": [
             {
                 "integration-name": "LLM Batch Inference",

@@ -29,11 +29,6 @@ class BatchStatus(enum.StrEnum):
         """Return True when the batch can no longer change."""
         return self in TERMINAL_STATUSES
 
-    @property
-    def is_success(self) -> bool:
-        """Return True when the batch ended with its results available."""
-        return self is BatchStatus.COMPLETED
-
 
 INTERMEDIATE_STATUSES = frozenset(
     {BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING}

@@ -73,7 +73,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -109,36 +109,47 @@ class TaskRun:
 
 def task_runs(log_lines: Iterable[str]) -> list[TaskRun]:
     """Return the task instances of a ``dags test`` log in order, with their execute and trigger seconds."""
-    runs: list[TaskRun] = []
-    current: TaskRun | None = None
-    attempt = False  # between "[DAG TEST] running task" and its "::group::Post Execute"
-    begun: datetime | None = None
+    reader = _RunReader()
     for raw in log_lines:
         line = _ANSI.sub("", raw)
         stamp = _timestamp(line)
-        if stamp is None:
-            continue
+        if stamp is not None:
+            reader.feed(line, stamp)
+    return reader.runs
+
+
+@dataclass
+class _RunReader:
+    """Follow one ``dags test`` log line by line (see :func:`task_runs`)."""
+
+    runs: list[TaskRun] = field(default_factory=list)
+    current: TaskRun | None = None
+    attempt: bool = False  # between "[DAG TEST] running task" and its "::group::Post Execute"
+    begun: datetime | None = None
+
+    def feed(self, line: str, stamp: datetime) -> None:
         if match := _START.search(line):
-            current = TaskRun(match.group(1), int(match.group(2)), stamp)
-            runs.append(current)
-        elif current is None:
-            continue
-        elif "[DAG TEST] running task" in line:
-            attempt, begun = True, None
-        elif "::endgroup::" in line and attempt and begun is None:  # end of pre-execute
-            begun = stamp
-        elif "::group::Post Execute" in line and begun is not None:  # also logged when a task defers
-            current.execute_s += (stamp - begun).total_seconds()
-            current.has_markers, attempt, begun = True, False, None
+            self.current = TaskRun(match.group(1), int(match.group(2)), stamp)
+            self.runs.append(self.current)
+            return
+        current = self.current
+        if current is None:
+            return
+        if "[DAG TEST] running task" in line:
+            self.attempt, self.begun = True, None
+        elif "::endgroup::" in line and self.attempt and self.begun is None:  # end of pre-execute
+            self.begun = stamp
+        elif "::group::Post Execute" in line and self.begun is not None:  # also logged when a task defers
+            current.execute_s += (stamp - self.begun).total_seconds()
+            current.has_markers, self.attempt, self.begun = True, False, None
         elif "[DAG TEST] running trigger in line" in line:
             current.triggers += 1
-            begun = stamp
-        elif "[DAG TEST] Trigger completed" in line and begun is not None:
-            current.trigger_s += (stamp - begun).total_seconds()
-            begun = None
+            self.begun = stamp
+        elif "[DAG TEST] Trigger completed" in line and self.begun is not None:
+            current.trigger_s += (stamp - self.begun).total_seconds()
+            self.begun = None
         elif _END.search(line):
-            current.ended, current = stamp, None
-    return runs
+            current.ended, self.current = stamp, None
 
 
 def execute_seconds(log_lines: Iterable[str]) -> dict[tuple[str, int], float]:

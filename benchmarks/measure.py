@@ -46,7 +46,7 @@ class Stopwatch:
 def chunk_project(clock: Stopwatch, table: str, job_dir: str) -> tuple[int, int]:
     """Write the chunk files of ``table`` under ``job_dir`` with the project's chunk path."""
     from airflow_batch_provider.chunking.chunks import build_chunks
-    from airflow_batch_provider.chunking.requests import RequestSpec
+    from airflow_batch_provider.chunking.spec import RequestSpec
 
     spec = RequestSpec(
         provider="openai",
@@ -83,9 +83,10 @@ def chunk_reference(clock: Stopwatch, table: str, out_file: str) -> tuple[int, i
 
 def completed_batches(job_dir: str, outputs: list[str]) -> list[dict[str, Any]]:
     """Return MergeResultsOperator's input for the chunks of ``job_dir`` answered by ``outputs``."""
+    from airflow_batch_provider.job_folder import JobFolder
     from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 
-    manifest = orjson.loads((Path(job_dir) / "chunks" / "manifest.json").read_bytes())
+    manifest = orjson.loads(JobFolder(job_dir).chunks.manifest.read_bytes())
     batches = []
     for descriptor, output in zip(manifest, outputs, strict=True):
         count = descriptor["num_requests"]
@@ -125,7 +126,9 @@ def merge_reference(clock: Stopwatch, job_dir: str, outputs: list[str], output_f
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    manifest = orjson.loads((Path(job_dir) / "chunks" / "manifest.json").read_bytes())
+    from airflow_batch_provider.job_folder import JobFolder
+
+    manifest = orjson.loads(JobFolder(job_dir).chunks.manifest.read_bytes())
     schema = pa.schema([(name, pa.type_for_alias(kind)) for name, kind in _RESULTS_SCHEMA.items()])
     with clock:
         results = pa.table(_decode_outputs(outputs), schema=schema)

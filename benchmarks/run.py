@@ -28,6 +28,7 @@ from typing import Any
 
 import orjson
 
+from airflow_batch_provider.job_folder import JobFolder
 from benchmarks import data
 from benchmarks.data import BENCH_DIR, REPO
 
@@ -78,7 +79,7 @@ def bench_size(rows: int, repeat: int, keep: bool) -> list[dict[str, Any]]:
     reference_file.unlink(missing_ok=True)
 
     _say(f"merge {rows:,} rows")
-    manifest = orjson.loads((job_dir / "chunks" / "manifest.json").read_bytes())
+    manifest = orjson.loads(JobFolder(job_dir).chunks.manifest.read_bytes())
     outputs = [str(p) for p in data.write_outputs(manifest, BENCH_DIR / f"outputs-{rows}")]
     merged_file = BENCH_DIR / f"reference-merged-{rows}.parquet"
     merged_dir = BENCH_DIR / f"merged-{rows}"

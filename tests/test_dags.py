@@ -165,7 +165,9 @@ def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp
     assert stats["files_uploaded"] == 0 and stats["batches_created"] == 0
     logged = capsys.readouterr()  # task logs reach stdout (structlog) or the logging capture, by test order
     logged_text = logged.out + logged.err + caplog.text
-    assert "ALERT nightly_product_classification.chunk[-1]: cost guard — " in logged_text and "max_cost_usd" in logged_text
+    assert (
+        "ALERT nightly_product_classification.chunk[-1]: cost guard — " in logged_text and "max_cost_usd" in logged_text
+    )
     assert "Failed to run task callback" not in logged_text and "AttributeError" not in logged_text
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -37,15 +36,15 @@ import orjson
 
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
+from airflow_batch_provider.job_folder import JobFolder
 from airflow_batch_provider.status import BatchState
-from airflow_batch_provider.utils.storage import atomic_write, join, to_path
+from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 if TYPE_CHECKING:
     from airflow_batch_provider.hooks.base import BatchHook
 
 log = logging.getLogger(__name__)
 
-RETRIES_DIR = "retries"
 DEFAULT_MAX_LINE_RETRIES = 2
 
 #: Error codes/types (OpenAI ``error.code``/``type``, Anthropic ``error.type``) that mean "try again".
@@ -131,7 +130,7 @@ def describe_failure(record: ResultRecord) -> str:
 
 def retry_path(job_dir: str, chunk_index: int, attempt: int) -> str:
     """Return the requests file of follow-up ``attempt`` (2, 3, ...) of a chunk."""
-    return join(job_dir, RETRIES_DIR, f"chunk-{int(chunk_index):05d}.attempt-{int(attempt)}.jsonl")
+    return str(JobFolder(job_dir).retry_requests(chunk_index, attempt))
 
 
 def attempt_requests_path(chunk: Mapping[str, Any], attempt: int) -> str:
@@ -247,24 +246,8 @@ def describe_file(path: str) -> FollowUpFile:
     return FollowUpFile(path, lines, size, digest.hexdigest())
 
 
-_PLAIN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def batch_file_name(batch_id: str) -> str:
-    """Return a file name for a provider-supplied ``batch_id`` that cannot leave its folder.
-
-    Ids such as ``batch_abc123`` or ``msgbatch_01…`` are used as they are. Anything else (``../../x``,
-    an ARN with ``/`` and ``:``, an over-long id) is cleaned to ``[A-Za-z0-9_.-]`` and given 12 hex of
-    its sha256, so two different ids never share a file.
-    """
-    if _PLAIN_ID.fullmatch(batch_id) and ".." not in batch_id:
-        return batch_id
-    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "_", batch_id).strip("_")[:80] or "batch"
-    return f"{cleaned}-{hashlib.sha256(batch_id.encode('utf-8')).hexdigest()[:12]}"
-
-
 def _cancel_marker(job_dir: str, batch_id: str) -> str:
-    return join(job_dir, RETRIES_DIR, "cancelled", f"{batch_file_name(batch_id)}.json")
+    return str(JobFolder(job_dir).cancel_marker(batch_id))
 
 
 def mark_cancelled_by_us(job_dir: str, batch_id: str, why: str) -> None:

@@ -3,8 +3,9 @@
 Every row carries a ``request_fingerprint`` (provider, endpoint and the rendered request without
 its custom_id). With ``skip_unchanged=True`` the chunk step compares each row with the previous
 merged output: a row whose custom_id already has a *final* result for the same fingerprint is
-*carried*: its stored result is copied to ``chunks/chunk-NNNNN.carry.parquet`` and its request
-is dropped from the chunk file.
+*carried*: its stored result is copied to the chunk's carry file and its request is dropped
+from the chunk's requests file, both in the chunk step's staging folder, before the manifest is
+written and the folder published (:mod:`airflow_batch_provider.chunking.staging`).
 
 Which stored results are final is set per status by ``carry_statuses`` (default
 :data:`DEFAULT_CARRY_STATUSES`): the same request sent again would give the same answer, so
@@ -44,7 +45,8 @@ import pyarrow.parquet as pq
 from airflow_batch_provider.batches.line_retry import is_final_error_code
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.utils.storage import atomic_write, to_path
+from airflow_batch_provider.job_folder import ChunkFiles, OutputFolder
+from airflow_batch_provider.utils.storage import AnyPath, to_path
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +116,7 @@ def load_previous(output_dir: str, statuses: Collection[str] = DEFAULT_CARRY_STA
     be told apart, so they are sent again.
     """
     chosen = check_carry_statuses(statuses)
-    folder = to_path(output_dir)
-    if not folder.exists():
-        return None
-    parts = sorted(p for p in folder.iterdir() if p.name.startswith("part-") and p.name.endswith(".parquet"))
+    parts = OutputFolder(output_dir).parts()
     if not parts:
         return None
     wanted = ["custom_id", "request_fingerprint", *CARRIED_COLUMNS]
@@ -140,10 +139,10 @@ def load_previous(output_dir: str, statuses: Collection[str] = DEFAULT_CARRY_STA
     return previous.append_column("_key", _keys(previous))
 
 
-def _filter_requests(path: str, drop: set[str]) -> tuple[bytes, int]:
+def _filter_requests(path: AnyPath, drop: set[str]) -> tuple[bytes, int]:
     """Return the chunk file's lines without the custom_ids in ``drop``, and how many remain."""
     kept: list[bytes] = []
-    with to_path(path).open("rb") as handle:
+    with path.open("rb") as handle:
         for line in handle:
             if line.strip() and orjson.loads(line)["custom_id"] not in drop:
                 kept.append(line if line.endswith(b"\n") else line + b"\n")
@@ -151,9 +150,13 @@ def _filter_requests(path: str, drop: set[str]) -> tuple[bytes, int]:
 
 
 def apply_skip_unchanged(
-    descriptors: list[ChunkDescriptor], previous: pa.Table | None
+    descriptors: list[ChunkDescriptor], previous: pa.Table | None, staged: ChunkFiles, published: ChunkFiles
 ) -> tuple[list[ChunkDescriptor], SkipStats]:
-    """Drop unchanged rows' requests from each chunk and write their stored results as carry files."""
+    """Drop unchanged rows' requests from each chunk and write their stored results as carry files.
+
+    The chunk files are read and rewritten in ``staged`` (not yet published); the descriptors
+    returned name the carry files in ``published``, where the staging folder will be moved.
+    """
     rows_total = sum(d["num_requests"] for d in descriptors)
     if previous is None or previous.num_rows == 0:
         return descriptors, SkipStats(rows=rows_total, carried=0)
@@ -161,7 +164,8 @@ def apply_skip_unchanged(
     carried_total = 0
     prev_keys = previous.column("_key")
     for d in descriptors:
-        with to_path(d["rows_path"]).open("rb") as handle:
+        index = d["chunk_index"]
+        with staged.rows(index).open("rb") as handle:
             rows = pq.read_table(handle, columns=["custom_id", "request_fingerprint"])
         mask = pc.is_in(_keys(rows), value_set=prev_keys)
         carried_ids = rows.filter(mask).column("custom_id").to_pylist()
@@ -169,11 +173,10 @@ def apply_skip_unchanged(
             out.append(d)
             continue
         carried = previous.filter(pc.is_in(prev_keys, value_set=_keys(rows.filter(mask))))
-        carry_path = d["rows_path"].replace(".rows.parquet", ".carry.parquet")
-        with atomic_write(carry_path) as sink:
+        with staged.carry(index).open("wb") as sink:
             pq.write_table(carried.select(["custom_id", *CARRIED_COLUMNS]), sink, compression="zstd")
-        payload, remaining = _filter_requests(d["requests_path"], set(carried_ids))
-        with atomic_write(d["requests_path"]) as sink:
+        payload, remaining = _filter_requests(staged.requests(index), set(carried_ids))
+        with staged.requests(index).open("wb") as sink:
             sink.write(payload)
         carried_total += len(carried_ids)
         label = f"chunk {d['chunk_index'] + 1}/{d['num_chunks']} ({remaining:,} req, {len(carried_ids):,} unchanged)"
@@ -184,7 +187,7 @@ def apply_skip_unchanged(
                 "num_bytes": len(payload),
                 "fingerprint": hashlib.sha256(payload).hexdigest(),
                 "label": label,
-                "carry_path": carry_path,
+                "carry_path": str(published.carry(index)),
                 "num_carried": len(carried_ids),
             }
         )

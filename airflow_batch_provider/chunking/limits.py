@@ -20,14 +20,6 @@ class ProviderLimits:
     custom_id_pattern: re.Pattern[str] | None = None  # None: any non-empty string
     max_custom_id_chars: int | None = None  # None: no length limit beyond the pattern
 
-    def check_custom_id(self, custom_id: str) -> bool:
-        """Return True when the provider accepts ``custom_id`` as-is."""
-        if not custom_id:
-            return False
-        if self.max_custom_id_chars is not None and len(custom_id) > self.max_custom_id_chars:
-            return False
-        return self.custom_id_pattern is None or bool(self.custom_id_pattern.fullmatch(custom_id))
-
 
 OPENAI_LIMITS = ProviderLimits(
     provider="openai",

@@ -10,10 +10,12 @@ every other type is converted with Python's ``str`` so floats, booleans and date
 
 :meth:`PromptTemplate.render_json` gives each prompt as a JSON string literal (what
 ``orjson.dumps(prompt)`` writes) for the request lines: on the fast path the literal pieces are
-escaped once and only the column values are escaped per batch, with :func:`json_escape`.
+escaped once and only the column values are escaped per batch, with
+:func:`~airflow_batch_provider.chunking.arrow_text.json_escape`.
 
 Row problems (nulls in a referenced column, blank prompts, rows whose every template value is
-blank) are collected across the whole table in a :class:`RowProblems` so the error can give the
+blank) are collected across the whole table in a
+:class:`~airflow_batch_provider.chunking.problems.RowProblems` so the error can give the
 first row numbers and the total count. A blank value is fine as long as another template column
 of the row has text: ``""`` is how a table says "no description", so only a row that would send
 nothing but the template's own text is refused.
@@ -22,104 +24,17 @@ nothing but the template's own text is refused.
 from __future__ import annotations
 
 import string
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from airflow_batch_provider.chunking.arrow_text import concat, is_blank, is_text, json_escape, to_string_array
+from airflow_batch_provider.chunking.problems import RowProblems
 from airflow_batch_provider.exceptions import InvalidInputError
-
-MAX_ROWS_NAMED = 20
-
-
-def _casts_exactly(arrow_type: pa.DataType) -> bool:
-    """Return True when Arrow's cast to string equals Python's ``str`` of every value."""
-    return (
-        pa.types.is_string(arrow_type)
-        or pa.types.is_large_string(arrow_type)
-        or pa.types.is_string_view(arrow_type)
-        or pa.types.is_integer(arrow_type)
-        or (pa.types.is_dictionary(arrow_type) and _casts_exactly(arrow_type.value_type))
-    )
-
-
-def to_string_array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """Return ``values`` as a string array whose entries equal ``str(value)``; nulls stay null."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    if pa.types.is_string(values.type):
-        return values
-    if _casts_exactly(values.type):
-        return pc.cast(values, pa.string())
-    return pa.array([None if v is None else str(v) for v in values.to_pylist()], type=pa.string())
-
-
-def concat(*parts: pa.Array | str) -> pa.Array:
-    """Return the row-wise concatenation of string arrays and literal strings as ``large_string``.
-
-    ``large_string`` because a batch of long documents can exceed the 2 GiB that 32-bit offsets
-    address. A row with a null in any part is null.
-    """
-    pieces = [pa.scalar(p, pa.large_string()) if isinstance(p, str) else p.cast(pa.large_string()) for p in parts]
-    return pc.binary_join_element_wise(*pieces, pa.scalar("", pa.large_string()), null_handling="emit_null")
-
-
-# The ASCII bytes orjson escapes (control characters, '"' and '\\'), each with its escape sequence.
-_JSON_ESCAPES = {c: orjson.dumps(chr(c))[1:-1] for c in range(128) if orjson.dumps(chr(c)) != b'"%c"' % c}
-_JSON_GROWTH = np.zeros(256, dtype=np.int64)  # bytes an escape adds
-for _byte, _escape in _JSON_ESCAPES.items():
-    _JSON_GROWTH[_byte] = len(_escape) - 1
-
-
-def json_escape(values: pa.Array) -> pa.Array:
-    """Return each string escaped for a JSON string literal (no quotes), byte for byte as orjson does it.
-
-    Vectorised: numpy finds the bytes to escape in the array's data buffer, ``bytes.replace``
-    rewrites it once per kind of escape present, and the offsets grow by the bytes each row
-    gained. UTF-8 continuation bytes are all >= 0x80, so no multi-byte character is touched.
-    Nulls come back as empty strings.
-    """
-    values = values.cast(pa.large_string())
-    if values.null_count:
-        values = pc.fill_null(values, "")
-    count = len(values)
-    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64)[values.offset : values.offset + count + 1]
-    data_buffer = values.buffers()[2]
-    data = np.frombuffer(data_buffer if data_buffer is not None else b"", dtype=np.uint8)[offsets[0] : offsets[-1]]
-    special = np.flatnonzero((data < 0x20) | (data == 0x22) | (data == 0x5C))
-    if not special.size:
-        return values
-    codes = data[special]
-    escaped = data.tobytes()
-    for code in sorted(np.unique(codes).tolist(), key=lambda c: c != 0x5C):  # backslash first: the others add one
-        escaped = escaped.replace(bytes([code]), _JSON_ESCAPES[code])
-    grown = np.concatenate(([0], np.cumsum(_JSON_GROWTH[codes])))  # grown[k]: bytes added by the first k escapes
-    start = offsets - offsets[0]
-    new_offsets = start + grown[np.searchsorted(special, start)]
-    return pa.LargeStringArray.from_buffers(count, pa.py_buffer(new_offsets), pa.py_buffer(escaped))
-
-
-def json_strings(values: pa.Array) -> pa.Array:
-    """Return each string as a JSON string literal, byte for byte what ``orjson.dumps`` writes."""
-    return concat('"', json_escape(values), '"')
-
-
-def _is_blank(texts: pa.Array) -> pa.Array:
-    """Return, per string, whether it is empty or only whitespace (null stays null)."""
-    return pc.or_(pc.equal(pc.binary_length(texts), 0), pc.utf8_is_space(texts))
-
-
-def _is_text(arrow_type: pa.DataType) -> bool:
-    """Return True for the types whose values can be blank text (``str()`` of any other value never is)."""
-    if pa.types.is_dictionary(arrow_type):
-        return _is_text(arrow_type.value_type)
-    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type)
-
 
 _BLANK_ADVICE = "Fill or filter the rows whose template columns are empty."
 _BLANK_VALUES_ADVICE = (
@@ -140,66 +55,19 @@ def _add_rows(
         found.add(kind, np.asarray(pc.indices_nonzero(rows)) + offset, advice=advice)
 
 
-@dataclass
-class RowProblems:
-    """Collect bad rows by kind while streaming; raise one InvalidInputError naming them at the end."""
-
-    limit: int = MAX_ROWS_NAMED
-    _rows: dict[str, list[int]] = field(default_factory=dict)
-    _counts: dict[str, int] = field(default_factory=dict)
-    _advice: dict[str, str] = field(default_factory=dict)
-    _details: dict[str, list[str]] = field(default_factory=dict)
-
-    def add(
-        self, kind: str, positions: Iterable[int] | np.ndarray, advice: str = "", details: Sequence[str] = ()
-    ) -> None:
-        """Record table positions (0-based) that have problem ``kind`` (e.g. "null in column 'title'").
-
-        ``details`` are extra lines shown under the kind (at most ``limit`` are kept).
-        """
-        if isinstance(positions, np.ndarray):
-            count = int(positions.size)
-            head = [int(p) for p in positions[: self.limit]]
-        else:
-            items = list(positions)
-            count, head = len(items), [int(p) for p in items[: self.limit]]
-        if not count:
-            return
-        kept = self._rows.setdefault(kind, [])
-        kept.extend(head[: self.limit - len(kept)])
-        self._counts[kind] = self._counts.get(kind, 0) + count
-        if advice:
-            self._advice[kind] = advice
-        if details:
-            kept_details = self._details.setdefault(kind, [])
-            kept_details.extend(details[: self.limit - len(kept_details)])
-
-    def __bool__(self) -> bool:
-        return bool(self._counts)
-
-    @property
-    def rows(self) -> list[int]:
-        """Return the named row positions of every kind, sorted."""
-        return sorted({r for rows in self._rows.values() for r in rows})
-
-    def message(self) -> str:
-        """Return one paragraph per problem kind, naming rows and the total count."""
-        parts = []
-        for kind, count in self._counts.items():
-            shown = ", ".join(str(r) for r in self._rows[kind])
-            more = f" (first {len(self._rows[kind])} shown)" if count > len(self._rows[kind]) else ""
-            advice = f" {self._advice[kind]}" if kind in self._advice else ""
-            parts.append(f"{kind}: {count:,} row(s) at position {shown}{more}.{advice}")
-            parts.extend(f"  - {line}" for line in self._details.get(kind, ()))
-        return "\n".join(parts)
-
-    def raise_if_any(self, what: str = "The input table") -> None:
-        """Raise InvalidInputError listing every recorded problem, if there is one."""
-        if self:
-            raise InvalidInputError(
-                f"{what} has rows that cannot be turned into requests (positions are 0-based):\n{self.message()}",
-                rows=self.rows,
-            )
+def _check_field(name: str, spec: str | None) -> None:
+    """Raise InvalidInputError unless ``{name:spec}`` is a plain column field this module can render."""
+    if name == "" or name.isdigit():
+        raise InvalidInputError(
+            f"prompt_template uses a positional field {{{name}}}; name a column instead, e.g. {{title}}."
+        )
+    if "." in name or "[" in name:
+        raise InvalidInputError(
+            f"prompt_template field {{{name}}} uses attribute or index access; "
+            "only plain column names are supported — add a column with the value you need."
+        )
+    if spec and "{" in spec:
+        raise InvalidInputError(f"prompt_template field {{{name}:{spec}}} has a nested field in its format spec.")
 
 
 class PromptTemplate:
@@ -222,19 +90,7 @@ class PromptTemplate:
             if name is None:
                 self._pieces.append((literal, None))
                 continue
-            if name == "" or name.isdigit():
-                raise InvalidInputError(
-                    f"prompt_template uses a positional field {{{name}}}; name a column instead, e.g. {{title}}."
-                )
-            if "." in name or "[" in name:
-                raise InvalidInputError(
-                    f"prompt_template field {{{name}}} uses attribute or index access; "
-                    "only plain column names are supported — add a column with the value you need."
-                )
-            if spec and "{" in spec:
-                raise InvalidInputError(
-                    f"prompt_template field {{{name}:{spec}}} has a nested field in its format spec."
-                )
+            _check_field(name, spec)
             if spec or conversion:
                 fast = False
             self._pieces.append((literal, name))
@@ -259,13 +115,6 @@ class PromptTemplate:
                 f"prompt_template references column(s) {missing} that the table does not have; "
                 f"available columns: {list(available)}."
             )
-
-    def render_batch(
-        self, batch: pa.RecordBatch, *, offset: int = 0, problems: RowProblems | None = None, fast: bool | None = None
-    ) -> list[str]:
-        """Return one prompt per row of ``batch`` as Python strings (see :meth:`render_array`)."""
-        texts: list[str] = self.render_array(batch, offset=offset, problems=problems, fast=fast).to_pylist()
-        return texts
 
     def render_array(
         self, batch: pa.RecordBatch, *, offset: int = 0, problems: RowProblems | None = None, fast: bool | None = None
@@ -334,7 +183,7 @@ class PromptTemplate:
                     np.asarray(failed, dtype=np.int64) + offset,
                     advice=f"First error: {first_error}. Fix the format spec or the column's values.",
                 )
-            blank = _is_blank(rendered)
+            blank = is_blank(rendered)
             blank_values = self._blank_values(batch)
             if blank_values is not None:  # a blank prompt is reported as such, not twice
                 blank_values = pc.and_kleene(blank_values, pc.invert(pc.fill_null(blank, False)))
@@ -352,7 +201,7 @@ class PromptTemplate:
     def _blank_literals(self) -> bool:
         """Return True when every literal piece is whitespace (lazily: DAG parsing builds no arrays)."""
         literals = [literal for literal, _ in self._pieces if literal]
-        return not literals or bool(pc.all(_is_blank(pa.array(literals, pa.string()))).as_py())
+        return not literals or bool(pc.all(is_blank(pa.array(literals, pa.string()))).as_py())
 
     @cached_property
     def _blank_values_kind(self) -> str:
@@ -370,9 +219,9 @@ class PromptTemplate:
         blank: pa.Array | None = None
         for name in self.fields:
             column = batch.column(name)
-            if not _is_text(column.type):
+            if not is_text(column.type):
                 return None  # numbers, dates... never render as blank text
-            column_blank = _is_blank(columns[name] if columns is not None else to_string_array(column))
+            column_blank = is_blank(columns[name] if columns is not None else to_string_array(column))
             blank = column_blank if blank is None else pc.and_(blank, column_blank)
             if not pc.any(blank).as_py():
                 return None
@@ -419,7 +268,3 @@ class PromptTemplate:
                 failed.append(index)
                 first_error = first_error or f"{type(err).__name__}: {err}"
         return pa.array(out, type=pa.string()), failed, first_error
-
-    def render_row(self, row: Mapping[str, Any]) -> str:
-        """Return the prompt of one row given as a mapping (``str.format_map`` semantics)."""
-        return self.template.format_map(row)

@@ -21,7 +21,7 @@ import pyarrow as pa
 from airflow_batch_provider.exceptions import InvalidInputError
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.chunking.templates import RowProblems
+    from airflow_batch_provider.chunking.problems import RowProblems
 
 # ------------------------------------------------------------------------------ model vs endpoint
 

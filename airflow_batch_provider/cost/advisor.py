@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from airflow_batch_provider.cost.estimate import CostEstimate, PricingArg, price_usage, usd
-from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.utils.checks import check_int
 
 BATCH_MIN_REQUESTS_PER_DAY = 10_000
 BATCH_WINDOW_HOURS = 24
@@ -114,8 +114,7 @@ def plan_workload(
         ("chunk_size", chunk_size, 1),
         ("requests_per_minute", requests_per_minute if requests_per_minute is not None else 1, 1),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise InvalidInputError(f"{name} must be an integer ≥ {minimum}, got {value!r}.")
+        check_int(name, value, minimum)
     estimate = price_usage(
         model,
         rows * prompt_tokens,

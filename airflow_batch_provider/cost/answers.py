@@ -77,23 +77,35 @@ def _value(schema: Any, depth: int) -> Any:
         kinds = [k for k in kind if k != "null"] or ["null"]
         return max((_value({**schema, "type": k}, depth + 1) for k in kinds), key=lambda v: len(orjson.dumps(v)))
     if kind == "object" or "properties" in schema:
-        properties = schema.get("properties") or {}
-        if schema.get("additionalProperties") not in (None, False) and not properties:
-            raise _Unbounded
-        return {name: _value(sub, depth + 1) for name, sub in properties.items()}
+        return _object_value(schema, depth)
     if kind == "array":
-        count = schema.get("maxItems")
-        if not isinstance(count, int):
-            raise _Unbounded
-        return [_value(schema.get("items") or {}, depth + 1)] * count
+        return _array_value(schema, depth)
     if kind == "string":
-        if schema.get("format") in _FORMATS:
-            return _FORMATS[schema["format"]]
-        if isinstance(schema.get("maxLength"), int):
-            return ("word " * schema["maxLength"])[: schema["maxLength"]]  # prose-like: ~1 token per word
-        raise _Unbounded
+        return _string_value(schema)
     if kind in _SCALARS:
         return _SCALARS[kind]
+    raise _Unbounded
+
+
+def _object_value(schema: Mapping[str, Any], depth: int) -> dict[str, Any]:
+    properties = schema.get("properties") or {}
+    if schema.get("additionalProperties") not in (None, False) and not properties:
+        raise _Unbounded
+    return {name: _value(sub, depth + 1) for name, sub in properties.items()}
+
+
+def _array_value(schema: Mapping[str, Any], depth: int) -> list[Any]:
+    count = schema.get("maxItems")
+    if not isinstance(count, int):
+        raise _Unbounded
+    return [_value(schema.get("items") or {}, depth + 1)] * count
+
+
+def _string_value(schema: Mapping[str, Any]) -> str:
+    if schema.get("format") in _FORMATS:
+        return str(_FORMATS[schema["format"]])
+    if isinstance(schema.get("maxLength"), int):
+        return ("word " * schema["maxLength"])[: schema["maxLength"]]  # prose-like: ~1 token per word
     raise _Unbounded
 
 

@@ -32,30 +32,23 @@ and its tokens-per-character ratio applied to the rest.
 
 from __future__ import annotations
 
-import functools
-import gzip
-import hashlib
-import importlib.util
 import logging
 import math
-import os
-import tempfile
-import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import orjson
 
 from airflow_batch_provider.cost.answers import OutputTally, answer_schema, typical_answer
+from airflow_batch_provider.cost.encodings import TIKTOKEN_DIR_ENV, load_encoding
 from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.utils.checks import check_int
 
 log = logging.getLogger(__name__)
 
-TIKTOKEN_DIR_ENV = "AIRFLOW_BATCH_TIKTOKEN_DIR"
 EXACT_LIMIT = 20_000
 SAMPLE_SIZE = 5_000
 OPENAI_TOKENS_PER_MESSAGE = 4  # 3 framing tokens + the role, per OpenAI's chat-format accounting
@@ -65,18 +58,6 @@ CHARS_PER_TOKEN = {"openai": 4.0, "anthropic": 3.5, "other": 4.0}
 _NEW_CLAUDE_TOKENIZER = ("claude-sonnet-5", "claude-opus-5", "claude-fable", "claude-mythos", "claude-haiku-5")
 _NEW_CLAUDE_CHARS_PER_TOKEN = 2.7
 
-# The BPE files tiktoken loads for these encodings, and the sha256 it pins for each
-# (tiktoken_ext/openai_public.py); the URL also names the file in tiktoken's cache.
-ENCODING_FILES: dict[str, tuple[str, str]] = {
-    "o200k_base": (
-        "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken",
-        "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
-    ),
-    "cl100k_base": (
-        "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken",
-        "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
-    ),
-}
 _OUTPUT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
@@ -102,89 +83,6 @@ def encoding_name_for(model: str) -> str | None:
     if model.startswith(("text-embedding", "gpt-3.5", "gpt-4-", "ft:gpt-4:", "ft:gpt-3.5")) or model == "gpt-4":
         return "cl100k_base"
     return "o200k_base"
-
-
-# ------------------------------------------------------------------------------- the encodings
-
-
-def tiktoken_cache_dir() -> str | None:
-    """Return the folder tiktoken caches BPE files in, as tiktoken computes it (None: caching off)."""
-    folder = os.environ.get("TIKTOKEN_CACHE_DIR", os.environ.get("DATA_GYM_CACHE_DIR"))
-    if folder is None:
-        folder = os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    return folder or None
-
-
-def _cache_path(name: str) -> Path | None:
-    folder = tiktoken_cache_dir()
-    if folder is None:
-        return None
-    url = ENCODING_FILES[name][0]
-    return Path(folder) / hashlib.sha1(url.encode()).hexdigest()
-
-
-def _verified(data: bytes, name: str) -> bool:
-    return hashlib.sha256(data).hexdigest() == ENCODING_FILES[name][1]
-
-
-def _local_copies(name: str) -> list[Path]:
-    """Return candidate BPE files outside tiktoken's cache, in the order they are tried."""
-    folders: list[Path] = []
-    configured = os.environ.get(TIKTOKEN_DIR_ENV)
-    if configured:
-        folders.append(Path(configured).expanduser())
-    spec = importlib.util.find_spec("bpe_openai")  # finds the wheel without importing its extension
-    if spec is not None and spec.submodule_search_locations:
-        folders += [Path(p) / "data" for p in spec.submodule_search_locations]
-    return [folder / f"{name}{suffix}" for folder in folders for suffix in (".tiktoken", ".tiktoken.gz")]
-
-
-def _install_into_cache(name: str, cache: Path) -> bool:
-    """Copy a verified local BPE file into tiktoken's cache; return True when one is there."""
-    for candidate in _local_copies(name):
-        try:
-            raw = candidate.read_bytes()
-            data = gzip.decompress(raw) if candidate.suffix == ".gz" else raw
-        except (OSError, EOFError, gzip.BadGzipFile):
-            continue
-        if not _verified(data, name):
-            log.warning("Ignoring %s: its sha256 is not the one tiktoken pins for %s", candidate, name)
-            continue
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_name(f"{cache.name}.{uuid.uuid4().hex}.tmp")
-            tmp.write_bytes(data)
-            os.replace(tmp, cache)
-        except OSError as err:
-            log.warning("Cannot copy %s into tiktoken's cache %s: %s", candidate, cache.parent, err)
-            return False
-        return True
-    return False
-
-
-@functools.cache
-def load_encoding(name: str) -> Any | None:
-    """Return the tiktoken Encoding ``name`` if it can be loaded without the network, else None.
-
-    Cached per process; call ``load_encoding.cache_clear()`` after adding a file.
-    """
-    if name not in ENCODING_FILES:
-        return None
-    try:
-        import tiktoken
-    except ImportError:
-        return None
-    cache = _cache_path(name)
-    if cache is None:
-        return None  # caching disabled: tiktoken would download on every load
-    try:
-        ready = cache.is_file() and _verified(cache.read_bytes(), name)
-    except OSError:
-        ready = False
-    if not ready and not _install_into_cache(name, cache):
-        return None
-    # The cache file is present and verified, so tiktoken reads it and makes no request.
-    return tiktoken.get_encoding(name)
 
 
 # ----------------------------------------------------------------------------------- counting
@@ -275,20 +173,7 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     pieces: list[str] = []
     overhead = 0
     if "messages" in data:
-        anthropic = provider == "anthropic" or "system" in data
-        per_message = ANTHROPIC_TOKENS_PER_MESSAGE if anthropic else OPENAI_TOKENS_PER_MESSAGE
-        _add_content(data.get("system"), pieces)
-        for message in data.get("messages") or ():
-            overhead += per_message
-            if isinstance(message, Mapping):
-                _add_content(message.get("content"), pieces)
-        overhead += 0 if anthropic else OPENAI_REPLY_PRIMING
-        for key in ("tools", "response_format"):
-            if data.get(key):
-                pieces.append(orjson.dumps(data[key]).decode())
-        schema = answer_schema(data)
-        answer = typical_answer(schema) if schema is not None else None
-        return RequestParts(tuple(pieces), overhead, max_output, typical_answer=answer)
+        return _chat_parts(data, provider, max_output)
     if "input" in data:  # embeddings: no output
         overhead += _add_content(data["input"], pieces)
         return RequestParts(tuple(pieces), overhead, 0, produces_output=False)
@@ -299,6 +184,26 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
         "Cannot find the text of a request: expected 'messages', 'input' or 'prompt' in its body, "
         f"got keys {sorted(data)}."
     )
+
+
+def _chat_parts(data: Mapping[str, Any], provider: str, max_output: int | None) -> RequestParts:
+    """Return the parts of a chat request: system, every message, tools and response format."""
+    pieces: list[str] = []
+    overhead = 0
+    anthropic = provider == "anthropic" or "system" in data
+    per_message = ANTHROPIC_TOKENS_PER_MESSAGE if anthropic else OPENAI_TOKENS_PER_MESSAGE
+    _add_content(data.get("system"), pieces)
+    for message in data.get("messages") or ():
+        overhead += per_message
+        if isinstance(message, Mapping):
+            _add_content(message.get("content"), pieces)
+    overhead += 0 if anthropic else OPENAI_REPLY_PRIMING
+    for key in ("tools", "response_format"):
+        if data.get(key):
+            pieces.append(orjson.dumps(data[key]).decode())
+    schema = answer_schema(data)
+    answer = typical_answer(schema) if schema is not None else None
+    return RequestParts(tuple(pieces), overhead, max_output, typical_answer=answer)
 
 
 def _add_content(content: Any, pieces: list[str]) -> int:
@@ -365,12 +270,8 @@ def count_request_tokens(
     ``exact``: None uses tiktoken when it loads offline, False always approximates, True raises
     InvalidInputError unless tiktoken can count for ``model``.
     """
-    if expected_output_tokens is not None and (
-        isinstance(expected_output_tokens, bool)
-        or not isinstance(expected_output_tokens, int)
-        or expected_output_tokens < 0
-    ):
-        raise InvalidInputError(f"expected_output_tokens must be an integer ≥ 0, got {expected_output_tokens!r}.")
+    if expected_output_tokens is not None:
+        check_int("expected_output_tokens", expected_output_tokens, 0)
     counter = counter or TokenCounter(model, provider, exact=exact)
     pieces: list[str] = []
     requests = overhead = 0

@@ -93,6 +93,12 @@ def _clean_delays(name: str, raw: object) -> dict[str, float]:
     return clean
 
 
+def _check_count(name: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is a whole number >= 0 (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a whole number >= 0 (0 turns it off).")
+
+
 @dataclass(frozen=True)
 class Faults:
     """What the emulator breaks on purpose; every field off by default.
@@ -140,12 +146,8 @@ class Faults:
             raise ValueError(f"retry_after={self.retry_after!r} and slow={self.slow!r} must not be negative.")
         if self.token_limit is not None and int(self.token_limit) <= 0:
             raise ValueError(f"token_limit={self.token_limit!r} must be a positive integer or None.")
-        polls = self.polls_before_done
-        if isinstance(polls, bool) or not isinstance(polls, int) or polls < 0:
-            raise ValueError(f"polls_before_done={polls!r} must be a whole number >= 0 (0 turns it off).")
-        cap = self.realtime_max_in_flight
-        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-            raise ValueError(f"realtime_max_in_flight={cap!r} must be a whole number >= 0 (0 turns it off).")
+        for name in ("polls_before_done", "realtime_max_in_flight"):
+            _check_count(name, getattr(self, name))
         for name in ("delay_routes", "delay_after_routes"):
             object.__setattr__(self, name, _clean_delays(name, getattr(self, name)))
 

@@ -55,24 +55,8 @@ def _error(code: str, message: str, line: int | None = None, param: str | None =
 def validate_input(data: bytes, endpoint: str, faults: Faults) -> Validation:
     """Check an input file the way the Batch API does; collect every error found."""
     result = Validation()
-    if faults.fail_validation:
-        result.errors.append(
-            _error(faults.fail_validation, "Validation failed on purpose (emulator fault fail_validation).", None)
-        )
-        return result
-    if len(data) > MAX_INPUT_BYTES:
-        result.errors.append(_error("file_too_large", f"The input file is {len(data)} bytes; the limit is 200 MB."))
-        return result
-    lines = data.split(b"\n")
-    if lines and not lines[-1].strip():
-        lines.pop()
-    if not lines:
-        msg = "The batch input file is empty. Please ensure that the batch contains at least one request."
-        result.errors.append(_error("empty_file", msg))
-        return result
-    if len(lines) > MAX_LINES:
-        msg = f"The batch input file contains {len(lines)} requests; the maximum is {MAX_LINES}."
-        result.errors.append(_error("too_many_tasks", msg))
+    lines = _file_lines(data, faults, result.errors)
+    if lines is None:
         return result
     seen: set[str] = set()
     errors = result.errors
@@ -80,27 +64,9 @@ def validate_input(data: bytes, endpoint: str, faults: Faults) -> Validation:
     for number, raw in enumerate(lines, 1):
         if len(errors) >= MAX_REPORTED_ERRORS:
             break
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            obj = None
-        if not isinstance(obj, dict):
-            errors.append(_error("invalid_json_line", "This line is not parseable as valid JSON.", number))
+        body = _check_line(raw, number, endpoint, seen, errors)
+        if body is None:
             continue
-        missing = [key for key in REQUIRED_KEYS if obj.get(key) in (None, "")]
-        if missing:
-            msg = f"Missing required parameter: '{missing[0]}'."
-            errors.append(_error("missing_required_parameter", msg, number, missing[0]))
-            continue
-        custom_id = str(obj["custom_id"])
-        if custom_id in seen:
-            msg = f"The custom_id {custom_id!r} is a duplicate of another request; custom_id must be unique."
-            errors.append(_error("duplicate_custom_id", msg, number, "custom_id"))
-        seen.add(custom_id)
-        if obj["url"] != endpoint:
-            msg = f"The URL {obj['url']!r} of this request does not match the batch endpoint ({endpoint})."
-            errors.append(_error("url_mismatch", msg, number, "url"))
-        body = obj["body"]
         model = body.get("model") if isinstance(body, dict) else None
         if isinstance(model, str):
             if first_model is None:
@@ -113,6 +79,55 @@ def validate_input(data: bytes, endpoint: str, faults: Faults) -> Validation:
     result.lines = lines
     result.model = first_model
     return result
+
+
+def _file_lines(data: bytes, faults: Faults, errors: list[dict[str, Any]]) -> list[bytes] | None:
+    """Return the file's lines, or None after recording why the whole file is refused."""
+    if faults.fail_validation:
+        errors.append(
+            _error(faults.fail_validation, "Validation failed on purpose (emulator fault fail_validation).", None)
+        )
+        return None
+    if len(data) > MAX_INPUT_BYTES:
+        errors.append(_error("file_too_large", f"The input file is {len(data)} bytes; the limit is 200 MB."))
+        return None
+    lines = data.split(b"\n")
+    if lines and not lines[-1].strip():
+        lines.pop()
+    if not lines:
+        msg = "The batch input file is empty. Please ensure that the batch contains at least one request."
+        errors.append(_error("empty_file", msg))
+        return None
+    if len(lines) > MAX_LINES:
+        msg = f"The batch input file contains {len(lines)} requests; the maximum is {MAX_LINES}."
+        errors.append(_error("too_many_tasks", msg))
+        return None
+    return lines
+
+
+def _check_line(raw: bytes, number: int, endpoint: str, seen: set[str], errors: list[dict[str, Any]]) -> Any:
+    """Record the line's errors; return its body, or None when the line is unusable."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        obj = None
+    if not isinstance(obj, dict):
+        errors.append(_error("invalid_json_line", "This line is not parseable as valid JSON.", number))
+        return None
+    missing = [key for key in REQUIRED_KEYS if obj.get(key) in (None, "")]
+    if missing:
+        msg = f"Missing required parameter: '{missing[0]}'."
+        errors.append(_error("missing_required_parameter", msg, number, missing[0]))
+        return None
+    custom_id = str(obj["custom_id"])
+    if custom_id in seen:
+        msg = f"The custom_id {custom_id!r} is a duplicate of another request; custom_id must be unique."
+        errors.append(_error("duplicate_custom_id", msg, number, "custom_id"))
+    seen.add(custom_id)
+    if obj["url"] != endpoint:
+        msg = f"The URL {obj['url']!r} of this request does not match the batch endpoint ({endpoint})."
+        errors.append(_error("url_mismatch", msg, number, "url"))
+    return obj["body"]
 
 
 def run_line(batch_id: str, endpoint: str, raw: bytes, faults: Faults, created: int) -> tuple[str, bytes, int, int]:

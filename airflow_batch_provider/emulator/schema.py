@@ -56,24 +56,35 @@ def _make(schema: Any, rng: random.Random, root: dict[str, Any], depth: int) -> 
             rest = {k: v for k, v in schema.items() if k != key}
             return _make({**rest, **usable[0]} if isinstance(usable[0], dict) else usable[0], rng, root, depth)
     if schema.get("allOf"):
-        merged = {k: v for k, v in schema.items() if k != "allOf"}
-        for part in schema["allOf"]:
-            part = _resolve(part["$ref"], root) if isinstance(part, dict) and "$ref" in part else part
-            if isinstance(part, dict):
-                merged["properties"] = {**merged.get("properties", {}), **part.get("properties", {})}
-                merged["required"] = [*merged.get("required", []), *part.get("required", [])]
-                merged.update({k: v for k, v in part.items() if k not in ("properties", "required")})
-        return _make(merged, rng, root, depth)
+        return _make(_merge_all_of(schema, root), rng, root, depth)
+    kind = _kind(schema)
+    maker = _MAKERS.get(kind)
+    if maker is None:
+        return None
+    return maker(schema, rng, root, depth)
+
+
+def _merge_all_of(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """Return ``schema`` with its ``allOf`` parts merged in (properties and required lists joined)."""
+    merged = {k: v for k, v in schema.items() if k != "allOf"}
+    for part in schema["allOf"]:
+        part = _resolve(part["$ref"], root) if isinstance(part, dict) and "$ref" in part else part
+        if isinstance(part, dict):
+            merged["properties"] = {**merged.get("properties", {}), **part.get("properties", {})}
+            merged["required"] = [*merged.get("required", []), *part.get("required", [])]
+            merged.update({k: v for k, v in part.items() if k not in ("properties", "required")})
+    return merged
+
+
+def _kind(schema: dict[str, Any]) -> str:
+    """Return the one type to make: the first non-null of a list, else guessed from the keys."""
     kind = schema.get("type")
     if isinstance(kind, list):
         non_null = [t for t in kind if t != "null"]
         kind = non_null[0] if non_null else "null"
     if kind is None:
         kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
-    maker = _MAKERS.get(kind)
-    if maker is None:
-        return None
-    return maker(schema, rng, root, depth)
+    return str(kind)
 
 
 def _object(schema: dict[str, Any], rng: random.Random, root: dict[str, Any], depth: int) -> dict[str, Any]:

@@ -13,13 +13,8 @@ from __future__ import annotations
 
 import logging
 import re
-import select
 import socket
-import sys
 import threading
-import time
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl
@@ -34,6 +29,7 @@ from airflow_batch_provider.emulator.faults import Faults
 from airflow_batch_provider.emulator.openai_api import OpenAIApi
 from airflow_batch_provider.emulator.openai_batch import OpenAIRunner
 from airflow_batch_provider.emulator.store import Store
+from airflow_batch_provider.emulator.transport import Handler, HttpServer
 from airflow_batch_provider.emulator.wire import (
     ApiError,
     ErrorFactory,
@@ -42,148 +38,11 @@ from airflow_batch_provider.emulator.wire import (
     anthropic_error,
     json_response,
     openai_error,
-    request_id,
 )
 
 log = logging.getLogger("airflow_batch_provider.emulator")
 
-PIECE = 1024 * 1024
 _Route = tuple[str, "re.Pattern[str]", Any]
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    request_queue_size = 128
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], emulator: BatchEmulator) -> None:
-        self.emulator = emulator
-        self.connections: set[socket.socket] = set()
-        self.connections_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Ignore clients that hang up; log anything else once."""
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
-            return
-        log.exception("emulator connection error from %s", client_address)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _Server
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with self.server.connections_lock:
-            self.server.connections.add(self.connection)
-
-    def finish(self) -> None:
-        with self.server.connections_lock:
-            self.server.connections.discard(self.connection)
-        try:
-            super().finish()
-        except OSError:
-            pass
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Stay quiet: batch state changes are logged instead."""
-
-    def _handle(self) -> None:
-        try:
-            self.server.emulator.dispatch(self)
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
-            self.close_connection = True
-
-    do_GET = do_POST = do_DELETE = do_PUT = do_PATCH = _handle
-
-    def read_body(self, limit: int) -> bytearray | None:
-        """Read the whole body (Content-Length or chunked); None when it exceeds ``limit``."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(limit)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > limit:
-            self._drain(length)
-            return None
-        buf = bytearray(length)
-        view = memoryview(buf)
-        got = 0
-        while got < length:
-            n = self.rfile.readinto(view[got:])
-            if not n:
-                raise ConnectionResetError("client closed the connection mid-body")
-            got += n
-        return buf
-
-    def _read_chunked(self, limit: int) -> bytearray | None:
-        buf = bytearray()
-        too_big = False
-        while True:
-            size = int(self.rfile.readline(1024).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
-                    pass
-                return None if too_big else buf
-            chunk = self.rfile.read(size)
-            self.rfile.readline(8)
-            if len(buf) + len(chunk) > limit:
-                too_big = True
-                buf.clear()
-            elif not too_big:
-                buf += chunk
-
-    def wait_or_hangup(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; return False as soon as the client closes its connection."""
-        deadline = time.monotonic() + seconds
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return True
-            try:
-                readable, _, _ = select.select([self.connection], [], [], min(left, 0.1))
-                # Readable with nothing to read means the peer closed (or reset) the connection.
-                if readable and not self.connection.recv(1, socket.MSG_PEEK):
-                    return False
-            except (OSError, ValueError):
-                return False
-
-    def _drain(self, length: int) -> None:
-        while length > 0:
-            chunk = self.rfile.read(min(PIECE, length))
-            if not chunk:
-                return
-            length -= len(chunk)
-
-    def send(self, response: Response) -> None:
-        """Write ``response`` with an exact Content-Length; big bodies go in pieces."""
-        body = response.body
-        try:
-            phrase = HTTPStatus(response.status).phrase
-        except ValueError:
-            phrase = "Unknown"
-        rid = request_id()
-        lines = [
-            f"HTTP/1.1 {response.status} {phrase}",
-            f"Content-Type: {response.content_type}",
-            f"Content-Length: {len(body)}",
-            f"x-request-id: {rid}",
-            f"request-id: {rid}",
-        ]
-        lines.extend(f"{key}: {value}" for key, value in response.headers.items())
-        if response.close:
-            self.close_connection = True
-        if self.close_connection:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        if len(body) <= 4 * PIECE:
-            self.wfile.write(head + body)
-            return
-        self.wfile.write(head)
-        view = memoryview(body)
-        for start in range(0, len(body), PIECE):
-            self.wfile.write(view[start : start + PIECE])
 
 
 class BatchEmulator:
@@ -206,7 +65,7 @@ class BatchEmulator:
             *AnthropicApi(self.store, anthropic_runner, self.config).routes(),
         ]:
             self._routes.append((method, re.compile(pattern), handler))
-        self._server: _Server | None = None
+        self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
 
     # lifecycle --------------------------------------------------------------------------------
@@ -215,7 +74,7 @@ class BatchEmulator:
         """Bind and start serving in a daemon thread; return self."""
         if self._server is not None:
             return self
-        self._server = _Server((self.config.host, self.config.port), self)
+        self._server = HttpServer((self.config.host, self.config.port), self)
         self.engine.start()
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="batch-emulator-http", daemon=True
@@ -304,7 +163,7 @@ class BatchEmulator:
 
     # dispatch ---------------------------------------------------------------------------------
 
-    def dispatch(self, handler: _Handler) -> None:
+    def dispatch(self, handler: Handler) -> None:
         """Answer one request on ``handler``."""
         path, _, qs = handler.path.partition("?")
         family: ErrorFactory = anthropic_error if path.startswith("/v1/messages") else openai_error
@@ -324,12 +183,25 @@ class BatchEmulator:
             return
         handler.send(self._api(req, handler, family))
 
-    def _api(self, req: Request, handler: _Handler, family: ErrorFactory) -> Response:
+    def _api(self, req: Request, handler: Handler, family: ErrorFactory) -> Response:
         self.store.bump("http", "requests")
         auth = req.headers.get("Authorization", "")
         bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         if not bearer and not req.headers.get("x-api-key", "").strip():
             return family(401, "authentication_error", "Missing or empty API key.").response()
+        faulted = self._http_fault(handler, family)
+        if faulted is not None:
+            return faulted
+        before, after = self.store.faults.route_delay(req.method, req.path)
+        if before:
+            self._delay(handler, req, before, "before")
+        response = self._route(req, family)
+        if after:
+            self._delay(handler, req, after, "after")
+        return response
+
+    def _http_fault(self, handler: Handler, family: ErrorFactory) -> Response | None:
+        """Roll the HTTP fault dice: return the injected error, drop the connection, or None to go on."""
         fault = self.store.dice.pick(self.store.faults)
         if fault == "drop":
             self.store.bump("http", "dropped")
@@ -348,9 +220,10 @@ class BatchEmulator:
         if fault == "500":
             self.store.bump("http", "injected_500")
             return family(500, "api_error", "Internal server error (emulator fault http_500_rate).").response()
-        before, after = self.store.faults.route_delay(req.method, req.path)
-        if before:
-            self._delay(handler, req, before, "before")
+        return None
+
+    def _route(self, req: Request, family: ErrorFactory) -> Response:
+        """Answer ``req`` with the first matching route (404 when none matches)."""
         for method, pattern, route in self._routes:
             match = pattern.fullmatch(req.path)
             if match and method == req.method:
@@ -362,14 +235,10 @@ class BatchEmulator:
                 except Exception:
                     log.exception("emulator error on %s %s", req.method, req.path)
                     response = family(500, "api_error", "The emulator failed on this request.").response()
-                break
-        else:
-            response = family(404, "not_found_error", f"Invalid URL ({req.method} {req.path})").response()
-        if after:
-            self._delay(handler, req, after, "after")
-        return response
+                return response
+        return family(404, "not_found_error", f"Invalid URL ({req.method} {req.path})").response()
 
-    def _delay(self, handler: _Handler, req: Request, seconds: float, phase: str) -> None:
+    def _delay(self, handler: Handler, req: Request, seconds: float, phase: str) -> None:
         """Hold one request ``seconds`` (fault ``delay_routes`` / ``delay_after_routes``).
 
         Raise ``ConnectionAbortedError`` when the client hangs up meanwhile, so nothing more is

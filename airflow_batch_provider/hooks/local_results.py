@@ -28,14 +28,14 @@ from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import BatchProviderError, InvalidInputError
 from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.job_folder import JobFolder, results_meta
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.utils.storage import atomic_write, join, to_path
+from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-RESULTS_DIR = "results"
 META_VERSION = 1
 
 
@@ -44,14 +44,12 @@ META_VERSION = 1
 
 def results_path(chunk: Mapping[str, Any], output_dir: str | None = None) -> str:
     """Return the output file of ``chunk``: ``<output_dir or job_dir/results>/chunk-NNNNN.output.jsonl``."""
-    folder = output_dir or join(chunk["job_dir"], RESULTS_DIR)
-    return join(folder, f"chunk-{int(chunk['chunk_index']):05d}.output.jsonl")
+    return str(JobFolder(chunk["job_dir"]).results(chunk["chunk_index"], output_dir))
 
 
 def meta_path(output_path: str) -> str:
     """Return the sidecar path of an output file (``….output.jsonl`` → ``….output.meta.json``)."""
-    stem = output_path[: -len(".jsonl")] if output_path.endswith(".jsonl") else output_path
-    return f"{stem}.meta.json"
+    return results_meta(output_path)
 
 
 def iter_lines(path: str) -> Iterator[bytes]:

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
 from airflow_batch_provider.chunking.chunks import (
-    CHUNKS_DIR,
     DEFAULT_CHUNK_SIZE,
     build_chunks,
     check_byte_cap,
@@ -20,13 +16,10 @@ from airflow_batch_provider.chunking.chunks import (
 )
 from airflow_batch_provider.chunking.incremental import (
     DEFAULT_CARRY_STATUSES,
-    SkipStats,
-    apply_skip_unchanged,
     carried_summary,
     check_carry_statuses,
-    load_previous,
 )
-from airflow_batch_provider.chunking.requests import RequestSpec, check_endpoint, default_endpoint
+from airflow_batch_provider.chunking.spec import RequestSpec, check_endpoint, default_endpoint
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.cost.estimate import (
     CostEstimate,
@@ -40,37 +33,8 @@ from airflow_batch_provider.cost.estimate import (
 )
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.job_folder import JobFolder, default_job_dir
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.results.structured import SCHEMA_FILE, save_schema
-from airflow_batch_provider.utils import storage
-
-WORK_DIR_ENV = "AIRFLOW_BATCH_WORK_DIR"
-_UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def default_work_dir() -> str:
-    """Return ``$AIRFLOW_BATCH_WORK_DIR``, else ``$AIRFLOW_HOME/batch_jobs`` (``~/airflow`` when unset)."""
-    configured = os.environ.get(WORK_DIR_ENV)
-    if configured:
-        return configured
-    home = os.environ.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
-    return os.path.join(home, "batch_jobs")
-
-
-def sanitise_path_part(text: str) -> str:
-    """Return ``text`` with every run of characters outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
-    cleaned = _UNSAFE_PATH_CHARS.sub("_", text).strip("._")
-    return cleaned or "_"
-
-
-def run_folder_name(run_id: str) -> str:
-    """Return a readable folder name that is unique per run_id: the cleaned run_id plus 8 hex of its hash.
-
-    Cleaning alone maps ``a:b``, ``a+b``, ``a/b`` and ``a_b`` to one name (Airflow's run_id pattern
-    allows ``:``, ``+`` and ``~``), and two runs would then share — and overwrite — one job folder.
-    """
-    digest = hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:8]
-    return f"{sanitise_path_part(run_id)[:120]}-{digest}"
 
 
 class ChunkOperator(BaseOperator):
@@ -251,8 +215,7 @@ class ChunkOperator(BaseOperator):
         map_index = getattr(ti, "map_index", None)
         if isinstance(map_index, int) and map_index >= 0:
             task_dir = f"{task_dir}-{map_index}"
-        dag_dir, task_dir = (sanitise_path_part(p) for p in (self.dag_id or "no_dag", task_dir))
-        return os.path.join(default_work_dir(), dag_dir, run_folder_name(str(run_id or "manual")), task_dir)
+        return default_job_dir(self.dag_id or "no_dag", str(run_id or "manual"), task_dir)
 
     def execute(self, context: Context) -> list[ChunkDescriptor]:
         """Write the chunk files and return their descriptors (small dicts, safe for XCom)."""
@@ -271,16 +234,12 @@ class ChunkOperator(BaseOperator):
             chunk_size=chunk_size,
             byte_cap=self.byte_cap,
             columns=self.columns,
+            previous_output=self.previous_output if self.skip_unchanged else None,
+            carry_statuses=self.carry_statuses,
         )
         descriptors = result.descriptors
-        if spec.json_schema is not None:
-            schema_path = storage.join(job_dir, CHUNKS_DIR, SCHEMA_FILE)
-            save_schema(spec.json_schema, schema_path)
-            descriptors = [ChunkDescriptor(**d, schema_path=schema_path) for d in descriptors]
-        skipped: SkipStats | None = None
-        if self.skip_unchanged and self.previous_output:
-            previous = load_previous(self.previous_output, self.carry_statuses)
-            descriptors, skipped = apply_skip_unchanged(descriptors, previous)
+        skipped = result.skipped
+        if skipped is not None:
             self.log.info(
                 "skip_unchanged: %s of %s rows already have a final result (%s) for the same request; sending %s",
                 f"{skipped.carried:,}",
@@ -301,7 +260,7 @@ class ChunkOperator(BaseOperator):
             *(carried_summary(skipped) if skipped else []),
             ("expected cost", _cost_line(estimate.expected)),
             ("cost upper bound", _cost_line(estimate.upper_bound)),
-            ("written to", f"{job_dir}/chunks"),
+            ("written to", str(JobFolder(job_dir).chunks.folder)),
         ]
         width = max(len(name) for name, _ in summary)
         self.log.info("Chunk summary:\n%s", "\n".join(f"  {name:<{width}}  {value}" for name, value in summary))

@@ -15,10 +15,11 @@ from airflow_batch_provider.descriptors import CompletedBatch
 from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
+from airflow_batch_provider.job_folder import OutputFolder, part_name
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.results.merge import SUMMARY_FILE, PartSink, merge_chunk, part_name, remove_stale_parts
+from airflow_batch_provider.results.merge import PartSink, merge_chunk, remove_stale_parts
 from airflow_batch_provider.results.summary import MergeStats, format_summary_table
-from airflow_batch_provider.utils.storage import atomic_write, join, makedirs
+from airflow_batch_provider.utils.storage import atomic_write, makedirs
 
 
 class MergeResultsOperator(BaseOperator):
@@ -68,9 +69,8 @@ class MergeResultsOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         if not (isinstance(max_failure_ratio, str) and "{{" in max_failure_ratio):
-            _failure_ratio(
-                max_failure_ratio
-            )  # a bad literal is a DAG import error; a template is checked once rendered
+            # A bad literal is a DAG import error; a template is checked once rendered.
+            _failure_ratio(max_failure_ratio)
         self.batches = batches
         self.output_dir = output_dir
         self.conn_id = conn_id
@@ -84,7 +84,7 @@ class MergeResultsOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Merge every chunk and return the job summary."""
-        self.max_failure_ratio = _failure_ratio(self.max_failure_ratio)  # rendered: "0.05", "None"
+        limit = self.max_failure_ratio = _failure_ratio(self.max_failure_ratio)  # rendered: "0.05", "None"
         # One slice reads a mapped task's whole XCom in one call (iterating asks item by item,
         # and probes one past the end, which Airflow logs as an error).
         received = self.batches[:] if isinstance(self.batches, Sequence) else list(self.batches)
@@ -92,31 +92,8 @@ class MergeResultsOperator(BaseOperator):
         if not batches:
             raise ResultsError("MergeResultsOperator received no batches: did the chunk step produce any chunks?")
         makedirs(self.output_dir)
-        hooks: dict[str, BatchHook] = {}
-        total = MergeStats()
-        usage = UsageTally()
         metrics = BatchMetrics.from_context(context, provider=batches[0]["provider"], model=batches[0]["model"])
-        over: list[dict[str, Any]] = []
-        for batch in batches:
-            provider = batch["provider"]
-            hook = hooks.get(provider) or hooks.setdefault(provider, self._hook(provider))
-            stats = merge_chunk(hook, batch, self.output_dir, self.sink)
-            # Carried rows were paid for in an earlier run: price only what this run's batches used.
-            usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
-            self._log_merged(batch, stats)
-            total.add(stats)
-            ratio = stats.failed / stats.rows if stats.rows else 0.0
-            if self.max_failure_ratio is not None and ratio > self.max_failure_ratio:
-                over.append(
-                    {
-                        "label": batch["label"],
-                        "chunk_index": batch["chunk_index"],
-                        "rows": stats.rows,
-                        "failed": stats.failed,
-                        "ratio": round(ratio, 6),
-                        "top_errors": stats.top_errors(3),
-                    }
-                )
+        total, usage, over = self._merge_all(batches, limit)
         removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
         if removed:
             self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
@@ -127,19 +104,47 @@ class MergeResultsOperator(BaseOperator):
             "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
         }
         self._emit(context, metrics, total, summary)
-        if self.max_failure_ratio is not None:
-            summary["max_failure_ratio"] = self.max_failure_ratio
+        if limit is not None:
+            summary["max_failure_ratio"] = limit
             summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
-        with atomic_write(join(self.output_dir, SUMMARY_FILE)) as out:
+        with atomic_write(str(OutputFolder(self.output_dir).summary)) as out:
             out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.log.info("Batch job summary\n%s", format_summary_table(summary))
         if summary.get("cost_comparison"):
             self.log.info("%s", summary["cost_comparison"])
         if over:
-            raise TooManyFailuresError(
-                _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
-            )
+            raise TooManyFailuresError(_too_many_failures_message(over, limit, len(batches)), over, summary)
         return summary
+
+    def _merge_all(
+        self, batches: list[dict[str, Any]], limit: float | None
+    ) -> tuple[MergeStats, UsageTally, list[dict[str, Any]]]:
+        """Merge each chunk in order; return the totals, this run's usage and the chunks over ``limit``."""
+        hooks: dict[str, BatchHook] = {}
+        total = MergeStats()
+        usage = UsageTally()
+        over: list[dict[str, Any]] = []
+        for batch in batches:
+            provider = batch["provider"]
+            hook = hooks.get(provider) or hooks.setdefault(provider, self._hook(provider))
+            stats = merge_chunk(hook, batch, self.output_dir, self.sink)
+            # Carried rows were paid for in an earlier run: price only what this run's batches used.
+            usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
+            self._log_merged(batch, stats)
+            total.add(stats)
+            ratio = stats.failed / stats.rows if stats.rows else 0.0
+            if limit is not None and ratio > limit:
+                over.append(
+                    {
+                        "label": batch["label"],
+                        "chunk_index": batch["chunk_index"],
+                        "rows": stats.rows,
+                        "failed": stats.failed,
+                        "ratio": round(ratio, 6),
+                        "top_errors": stats.top_errors(3),
+                    }
+                )
+        return total, usage, over
 
     def _log_merged(self, batch: Mapping[str, Any], stats: MergeStats) -> None:
         attempts = len(batch.get("attempts") or ([batch["state"]] if batch.get("state") else []))

@@ -25,6 +25,7 @@ from airflow_batch_provider.hooks.local_results import (
     results_path,
     write_meta,
 )
+from airflow_batch_provider.job_folder import JobFolder
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.utils.storage import atomic_write, to_path
 
@@ -111,7 +112,8 @@ class SelfHostedGenerateOperator(BaseOperator):
             len(again),
             len(kept),
         )
-        resend = write_followup(chunk["requests_path"], again, f"{output_path}.resend.jsonl")
+        resend_path = str(JobFolder(chunk["job_dir"]).resend_requests(chunk["chunk_index"]))
+        resend = write_followup(chunk["requests_path"], again, resend_path)
         part: ChunkDescriptor = {**chunk, "requests_path": resend.path, "num_requests": resend.num_requests}
         counts = ResultCounts()
         with atomic_write(output_path) as out:

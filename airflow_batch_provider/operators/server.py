@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from airflow_batch_provider.descriptors import ChunkDescriptor
-from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.local_results import ResultCounts, iter_requests, request_id
 from airflow_batch_provider.hooks.openai_compatible import OpenAICompatibleHook, ServerRequest
 from airflow_batch_provider.operators.self_hosted import CHUNK_LABEL_TEMPLATE, SelfHostedGenerateOperator
+from airflow_batch_provider.utils.checks import check_int
 from airflow_batch_provider.utils.retry import RetryPolicy
 
 DEFAULT_MAX_CONCURRENCY = 64
@@ -69,8 +69,7 @@ class ServerGenerateOperator(SelfHostedGenerateOperator):
             map_index_template=map_index_template,
             **kwargs,
         )
-        if not isinstance(max_concurrency, int) or isinstance(max_concurrency, bool) or max_concurrency < 1:
-            raise InvalidInputError(f"max_concurrency must be a positive integer, got {max_concurrency!r}.")
+        check_int("max_concurrency", max_concurrency, 1)
         self.conn_id = conn_id
         self.max_concurrency = max_concurrency
         self.request_retry_policy = request_retry_policy

@@ -29,15 +29,15 @@ from airflow_batch_provider.chunking.incremental import read_carried
 from airflow_batch_provider.descriptors import RESULT_COLUMNS, CompletedBatch, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.job_folder import OutputFolder
 from airflow_batch_provider.results.structured import OutputValidator
 from airflow_batch_provider.results.summary import MergeStats
 from airflow_batch_provider.results.table import EMBEDDING, TEXT, concat_results, records_to_table, result_schema
 from airflow_batch_provider.status import BatchState
-from airflow_batch_provider.utils.storage import atomic_write, join, to_path
+from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 log = logging.getLogger(__name__)
 
-SUMMARY_FILE = "_SUMMARY.json"
 _PREFERENCE = {"succeeded": 0, "invalid_output": 1, "errored": 2, "expired": 3, "canceled": 4, "missing": 5}
 
 
@@ -47,11 +47,6 @@ class PartSink(Protocol):
     def write_part(self, table: pa.Table, chunk_index: int) -> int:
         """Write one merged part; return the rows written."""
         ...
-
-
-def part_name(chunk_index: int) -> str:
-    """Return the deterministic file name of a chunk's output part."""
-    return f"part-{chunk_index:05d}.parquet"
 
 
 @dataclass
@@ -356,7 +351,7 @@ def merge_chunk(
             stats.unmatched_results,
             ", ".join(s.batch_id for s in chunk_attempts(batch)),
         )
-    with atomic_write(join(output_dir, part_name(batch["chunk_index"]))) as out:
+    with atomic_write(str(OutputFolder(output_dir).part(batch["chunk_index"]))) as out:
         pq.write_table(table, out, compression="zstd")
     if sink is not None:
         sink.write_part(table, batch["chunk_index"])
@@ -365,15 +360,14 @@ def merge_chunk(
 
 def remove_stale_parts(output_dir: str, keep: Sequence[str]) -> list[str]:
     """Delete part files this merge did not write (a job that shrank) and temporaries of a killed one."""
-    folder = to_path(output_dir)
+    output = OutputFolder(output_dir)
     removed: list[str] = []
-    if not folder.exists():
+    if not output.path.exists():
         return removed
-    for path in folder.iterdir():
-        stale_part = path.name.startswith("part-") and path.name.endswith(".parquet") and path.name not in keep
-        # ".part-NNNNN.parquet.<id>.tmp": a merge killed while writing; readers skip it, we remove it.
-        leftover = path.name.startswith(".part-") and path.name.endswith(".tmp")
-        if stale_part or leftover:
+    for path in output.path.iterdir():
+        stale_part = output.is_part(path.name) and path.name not in keep
+        # A merge killed while writing left a temporary; readers skip it, we remove it.
+        if stale_part or output.is_unfinished_part(path.name):
             path.unlink()
             removed.append(path.name)
     return removed

@@ -1,10 +1,10 @@
 """Structured output: validate each row's JSON answer against the job's schema at merge time.
 
-The chunk step saves the schema next to the chunks (``chunks/schema.json``) and names it in
-every chunk descriptor. The merge step parses each succeeded answer, validates it, and
-writes the top-level fields as columns. A row whose answer is not valid JSON or does not
-match the schema gets ``status = "invalid_output"`` and the reason in ``error`` — one bad
-answer never fails the merge.
+The chunk step saves the schema next to the chunks (``chunks/schema.json``, see
+:mod:`airflow_batch_provider.chunking.staging`) and names it in every chunk descriptor. The
+merge step parses each succeeded answer, validates it, and writes the top-level fields as
+columns. A row whose answer is not valid JSON or does not match the schema gets
+``status = "invalid_output"`` and the reason in ``error`` — one bad answer never fails the merge.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import jsonschema
 import orjson
 import pyarrow as pa
 
-from airflow_batch_provider.utils.storage import atomic_write, to_path
-
-SCHEMA_FILE = "schema.json"
+from airflow_batch_provider.utils.storage import to_path
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
@@ -25,12 +23,6 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
     "integer": pa.int64(),
     "boolean": pa.bool_(),
 }
-
-
-def save_schema(schema: dict[str, Any], path: str) -> None:
-    """Write the job's JSON Schema (crash-safe)."""
-    with atomic_write(path) as out:
-        out.write(orjson.dumps(schema, option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2))
 
 
 def _column_type(prop: dict[str, Any]) -> pa.DataType:

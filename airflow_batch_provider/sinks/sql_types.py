@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -47,41 +48,43 @@ def _array_item_type(item: pa.DataType) -> TypeEngine[Any] | None:
     return None
 
 
+def _list_type(dtype: pa.DataType) -> TypeEngine[Any]:
+    item = _array_item_type(dtype.value_type)
+    if item is not None:
+        return sa.JSON().with_variant(postgresql.ARRAY(item), "postgresql")
+    return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+
+
+def _is_any(*checks: Callable[[pa.DataType], bool]) -> Callable[[pa.DataType], bool]:
+    return lambda dtype: any(check(dtype) for check in checks)
+
+
+# Arrow type test → SQLAlchemy type, first match wins: the table of sinks.sql's docstring, in code.
+_COLUMN_TYPES: tuple[tuple[Callable[[pa.DataType], bool], Callable[[pa.DataType], TypeEngine[Any]]], ...] = (
+    (_is_any(pa.types.is_string, pa.types.is_large_string, pa.types.is_null), lambda _: sa.Text()),
+    (pa.types.is_boolean, lambda _: sa.Boolean()),
+    (pa.types.is_uint64, lambda _: sa.Numeric(20, 0)),
+    (pa.types.is_integer, lambda _: sa.BigInteger()),
+    (_is_any(pa.types.is_float16, pa.types.is_float32), lambda _: sa.REAL()),
+    (pa.types.is_floating, lambda _: sa.Double()),
+    (pa.types.is_decimal, lambda t: sa.Numeric(t.precision, t.scale)),
+    (pa.types.is_timestamp, lambda t: sa.DateTime(timezone=t.tz is not None)),
+    (pa.types.is_date, lambda _: sa.Date()),
+    (pa.types.is_time, lambda _: sa.Time()),
+    (pa.types.is_duration, lambda _: sa.Interval()),
+    (_is_any(pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary), lambda _: sa.LargeBinary()),
+    (_is_any(pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list), _list_type),
+    (_is_any(pa.types.is_struct, pa.types.is_map), lambda _: sa.JSON().with_variant(postgresql.JSONB(), "postgresql")),
+)
+
+
 def column_type(dtype: pa.DataType) -> TypeEngine[Any]:
-    """Return the SQLAlchemy type for an Arrow type (see the module's table); raise SinkError if unsupported."""
+    """Return the SQLAlchemy type for an Arrow type (see sinks.sql's table); raise SinkError if unsupported."""
     if pa.types.is_dictionary(dtype):
         dtype = dtype.value_type
-    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype) or pa.types.is_null(dtype):
-        return sa.Text()
-    if pa.types.is_boolean(dtype):
-        return sa.Boolean()
-    if pa.types.is_uint64(dtype):
-        return sa.Numeric(20, 0)
-    if pa.types.is_integer(dtype):
-        return sa.BigInteger()
-    if pa.types.is_float16(dtype) or pa.types.is_float32(dtype):
-        return sa.REAL()
-    if pa.types.is_floating(dtype):
-        return sa.Double()
-    if pa.types.is_decimal(dtype):
-        return sa.Numeric(dtype.precision, dtype.scale)
-    if pa.types.is_timestamp(dtype):
-        return sa.DateTime(timezone=dtype.tz is not None)
-    if pa.types.is_date(dtype):
-        return sa.Date()
-    if pa.types.is_time(dtype):
-        return sa.Time()
-    if pa.types.is_duration(dtype):
-        return sa.Interval()
-    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype) or pa.types.is_fixed_size_binary(dtype):
-        return sa.LargeBinary()
-    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype) or pa.types.is_fixed_size_list(dtype):
-        item = _array_item_type(dtype.value_type)
-        if item is not None:
-            return sa.JSON().with_variant(postgresql.ARRAY(item), "postgresql")
-        return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-    if pa.types.is_struct(dtype) or pa.types.is_map(dtype):
-        return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+    for matches, make in _COLUMN_TYPES:
+        if matches(dtype):
+            return make(dtype)
     raise SinkError(f"Arrow type {dtype} has no SQL column type in SqlUpsertSink; cast the column first.")
 
 

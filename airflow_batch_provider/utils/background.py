@@ -20,43 +20,51 @@ _END = object()
 _POLL_S = 0.1
 
 
-def run_ahead(items: Iterator[T], *, depth: int = 2, name: str = "run-ahead") -> Iterator[T]:
-    """Yield ``items`` in order while a background thread produces up to ``depth`` of them ahead."""
-    ready: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(maxsize=depth)
-    stop = threading.Event()
+class _Producer:
+    """The background half of :func:`run_ahead`: drains ``items`` into a bounded queue until stopped."""
 
-    def put(entry: tuple[object, BaseException | None]) -> bool:
-        while not stop.is_set():
+    def __init__(self, items: Iterator[object], depth: int) -> None:
+        self.items = items
+        self.ready: queue.Queue[tuple[object, BaseException | None]] = queue.Queue(maxsize=depth)
+        self.stop = threading.Event()
+
+    def put(self, entry: tuple[object, BaseException | None]) -> bool:
+        """Queue ``entry``, waiting for room; return False when the consumer stopped meanwhile."""
+        while not self.stop.is_set():
             try:
-                ready.put(entry, timeout=_POLL_S)
+                self.ready.put(entry, timeout=_POLL_S)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def produce() -> None:
+    def run(self) -> None:
         try:
-            for item in items:
-                if not put((item, None)):
+            for item in self.items:
+                if not self.put((item, None)):
                     return
-            put((_END, None))
+            self.put((_END, None))
         except BaseException as exc:  # handed to the caller, raised there
-            put((_END, exc))
+            self.put((_END, exc))
         finally:
-            close = getattr(items, "close", None)
+            close = getattr(self.items, "close", None)
             if close is not None:
                 close()
 
-    thread = threading.Thread(target=produce, name=name, daemon=True)
+
+def run_ahead(items: Iterator[T], *, depth: int = 2, name: str = "run-ahead") -> Iterator[T]:
+    """Yield ``items`` in order while a background thread produces up to ``depth`` of them ahead."""
+    producer = _Producer(items, depth)
+    thread = threading.Thread(target=producer.run, name=name, daemon=True)
     thread.start()
     try:
         while True:
-            item, error = ready.get()
+            item, error = producer.ready.get()
             if item is _END:
                 if error is not None:
                     raise error
                 return
             yield item  # type: ignore[misc]
     finally:
-        stop.set()
+        producer.stop.set()
         thread.join()

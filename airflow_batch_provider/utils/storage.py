@@ -8,6 +8,7 @@ survive a crash go to a temporary name in the same folder and are renamed into p
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,12 +18,6 @@ from typing import IO, Any
 from airflow.sdk import ObjectStoragePath
 
 AnyPath = Path | ObjectStoragePath
-
-
-def is_local(path: str | os.PathLike[str]) -> bool:
-    """Return True for a plain filesystem path or a ``file://`` URL."""
-    text = os.fspath(path)
-    return "://" not in text or text.startswith("file://")
 
 
 def to_path(path: str | os.PathLike[str]) -> AnyPath:
@@ -72,12 +67,9 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[
         raise
 
 
-def remove_tree(path: str | os.PathLike[str]) -> None:
+def remove_tree(path: AnyPath) -> None:
     """Delete a folder and everything under it; a missing folder is fine."""
-    target = to_path(path)
-    if isinstance(target, Path):
-        import shutil
-
-        shutil.rmtree(target, ignore_errors=True)
-    elif target.exists():
-        target.fs.rm(target.path, recursive=True)
+    if isinstance(path, Path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.fs.rm(path.path, recursive=True)

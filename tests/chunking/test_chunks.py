@@ -15,21 +15,24 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.chunking import chunks, tables
-from airflow_batch_provider.chunking.chunks import (
-    CHUNKS_DIR,
-    MANIFEST_NAME,
-    build_chunks,
-    check_map_length,
-    derive_custom_id,
-    write_chunks,
-)
-from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
+from airflow_batch_provider.chunking import writer
+from airflow_batch_provider.chunking.chunks import build_chunks, check_map_length
+from airflow_batch_provider.chunking.ids import derive_custom_id
+from airflow_batch_provider.chunking.requests import renderer_for
+from airflow_batch_provider.chunking.spec import RequestSpec
+from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
+from airflow_batch_provider.job_folder import CHUNKS_DIR, MANIFEST_NAME
+from tests.chunking.reference import fingerprint, render_many
 
 TEMPLATE = "Classify this product: {title}\n{description}"
 OPENAI = RequestSpec(provider="openai", model="gpt-4o-mini", system_prompt="Be brief.", params={"max_tokens": 5})
 ANTHROPIC = RequestSpec(provider="anthropic", model="claude-haiku-4-5", params={"max_tokens": 16})
+
+
+def write_chunks(*args: Any, **kwargs: Any) -> list[ChunkDescriptor]:
+    """Run the chunk step and return only its descriptors."""
+    return build_chunks(*args, **kwargs).descriptors
 
 
 def products(n: int, start: int = 0) -> pa.Table:
@@ -402,7 +405,7 @@ def test_rows_files_hold_source_columns_ids_and_fingerprints_but_no_bodies(tmp_p
     assert rows.num_rows == 30
     assert not any(isinstance(v, str) and "messages" in v for row in rows.to_pylist() for v in row.values())
     for row in rows.to_pylist():
-        assert row["request_fingerprint"] == renderer.fingerprint(TEMPLATE.format(**row))
+        assert row["request_fingerprint"] == fingerprint(renderer, TEMPLATE.format(**row))
     assert [pq.read_metadata(d["rows_path"]).num_rows for d in descriptors] == [12, 12, 6]
 
 
@@ -561,24 +564,15 @@ def test_chunk_files_equal_the_per_row_renderer_byte_for_byte(
     )
     rows = pa.concat_tables([pq.read_table(d["rows_path"]) for d in descriptors])
     texts = [TEMPLATE.format(**row) for row in table.to_pylist()]
-    lines, fingerprints = renderer_for(spec).render_many(rows.column("custom_id").to_pylist(), texts)
+    lines, fingerprints = render_many(renderer_for(spec), rows.column("custom_id").to_pylist(), texts)
     written = b"".join(Path(d["requests_path"]).read_bytes() for d in descriptors)
     assert written == b"".join(line + b"\n" for line in lines)
     assert rows.column("request_fingerprint").to_pylist() == fingerprints
 
 
-def test_table_reading_lives_in_tables_and_stays_importable_from_chunks() -> None:
-    assert chunks.TableReader is tables.TableReader
-    assert (chunks.CUSTOM_ID, chunks.FINGERPRINT, chunks.DEFAULT_BATCH_ROWS) == (
-        tables.CUSTOM_ID,
-        tables.FINGERPRINT,
-        tables.DEFAULT_BATCH_ROWS,
-    )
-
-
 def test_a_failed_chunk_file_fails_the_job_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunk files are written by a background thread; its error must reach the caller."""
-    real = chunks._write_chunk_files
+    real = writer._write_chunk_files
     calls: list[Any] = []
 
     def fail_on_the_second(*args: Any) -> str:
@@ -587,7 +581,7 @@ def test_a_failed_chunk_file_fails_the_job_and_leaves_nothing(tmp_path: Path, mo
             raise OSError("disk full (test)")
         return real(*args)
 
-    monkeypatch.setattr(chunks, "_write_chunk_files", fail_on_the_second)
+    monkeypatch.setattr(writer, "_write_chunk_files", fail_on_the_second)
     job = tmp_path / "job"
     with pytest.raises(OSError, match="disk full"):
         write_chunks(save(products(100), tmp_path / "in.parquet"), job, OPENAI, TEMPLATE, chunk_size=10)

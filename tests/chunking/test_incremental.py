@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_batch_provider.chunking.incremental import apply_skip_unchanged, load_previous, read_carried
+from airflow_batch_provider.job_folder import ChunkFiles
 from airflow_batch_provider.results.merge import collect_attempts
 from tests.support import write_chunk
 
@@ -29,6 +30,12 @@ def _row(cid, fp, status="succeeded", response="old answer"):
 def _chunk_with_fingerprints(tmp_path, fps):
     rows = [{"custom_id": cid, "text": "t", "request_fingerprint": fp} for cid, fp in fps.items()]
     return write_chunk(tmp_path / "job", rows)
+
+
+def _skip(tmp_path, chunk, previous):
+    """Carry unchanged rows of a chunk written straight into ``job`` (staged and published are the same here)."""
+    files = ChunkFiles(tmp_path / "job")
+    return apply_skip_unchanged([chunk], previous, files, files)
 
 
 def test_load_previous_keeps_only_succeeded_rows(tmp_path):
@@ -89,7 +96,7 @@ def test_carry_statuses_refuse_what_can_never_be_a_result(tmp_path, statuses):
 def test_unchanged_rows_are_carried_and_dropped_from_the_chunk(tmp_path):
     _previous(tmp_path / "out", [_row("a", "f1"), _row("b", "OLD"), _row("c", "f3", status="errored", response=None)])
     chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1", "b": "f2", "c": "f3", "d": "f4"})
-    (new,), stats = apply_skip_unchanged([chunk], load_previous(str(tmp_path / "out")))
+    (new,), stats = _skip(tmp_path, chunk, load_previous(str(tmp_path / "out")))
     assert (stats.rows, stats.carried, stats.sent) == (4, 1, 3)
     sent = [orjson.loads(line)["custom_id"] for line in Path(new["requests_path"]).read_bytes().splitlines()]
     assert sent == ["b", "c", "d"]  # b changed, c failed before, d is new
@@ -101,14 +108,14 @@ def test_unchanged_rows_are_carried_and_dropped_from_the_chunk(tmp_path):
 
 def test_nothing_to_compare_leaves_chunks_alone(tmp_path):
     chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1"})
-    out, stats = apply_skip_unchanged([chunk], None)
+    out, stats = _skip(tmp_path, chunk, None)
     assert out == [chunk] and stats.carried == 0
 
 
 def test_merge_puts_carried_rows_back_with_attempts_zero(tmp_path):
     _previous(tmp_path / "out", [_row("a", "f1"), _row("b", "f2")])
     chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1", "b": "f2"})
-    (new,), _ = apply_skip_unchanged([chunk], load_previous(str(tmp_path / "out")))
+    (new,), _ = _skip(tmp_path, chunk, load_previous(str(tmp_path / "out")))
     assert new["num_requests"] == 0
     chunk = collect_attempts(None, {**new, "batch_id": "", "state": None})  # no batch: no hook call
     kept = chunk.results.select(["custom_id", "batch_id", "attempt"]).to_pylist()
@@ -124,3 +131,30 @@ def test_chunk_operator_needs_previous_output(tmp_path):
 
     with pytest.raises(InvalidInputError, match="previous_output"):
         ChunkOperator(task_id="c", source="x.parquet", prompt_template="{a}", model="m", skip_unchanged=True)
+
+
+def test_the_chunk_step_publishes_carried_rows_and_schema_with_a_final_manifest(tmp_path):
+    """Carrying and the schema happen before publishing: the manifest lists them, nothing is rewritten after."""
+    from airflow_batch_provider.chunking.chunks import build_chunks
+    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.job_folder import JobFolder
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["x", "y", "z"]}), source)
+    schema = {"type": "object", "properties": {"label": {"type": "string"}}}
+    spec = RequestSpec(provider="openai", model="gpt-4o-mini", response_schema=schema)
+    first = build_chunks(source, tmp_path / "job1", spec, "{text}", id_column="id").descriptors[0]
+    rows = pq.read_table(first["rows_path"]).to_pylist()
+    _previous(tmp_path / "out", [_row(r["custom_id"], r["request_fingerprint"]) for r in rows[:2]])
+
+    job = JobFolder(tmp_path / "job2")
+    result = build_chunks(source, job.path, spec, "{text}", id_column="id", previous_output=str(tmp_path / "out"))
+    (chunk,) = result.descriptors
+    assert orjson.loads(job.chunks.manifest.read_bytes()) == result.descriptors
+    assert chunk["schema_path"] == str(job.chunks.schema) and orjson.loads(job.chunks.schema.read_bytes()) == schema
+    assert chunk["carry_path"] == str(job.chunks.carry(0)) and chunk["num_carried"] == 2
+    assert result.skipped is not None and (result.skipped.rows, result.skipped.carried) == (3, 2)
+    sent = job.chunks.requests(0).read_bytes()
+    assert [orjson.loads(line)["custom_id"] for line in sent.splitlines()] == ["c"]
+    assert chunk["num_requests"] == 1 and chunk["num_bytes"] == len(sent)
+    assert sorted(p.name for p in job.path.iterdir()) == ["chunks"]  # no staging folder left

@@ -10,16 +10,15 @@ import pyarrow as pa
 import pydantic
 import pytest
 
+from airflow_batch_provider.chunking.arrow_text import json_strings
 from airflow_batch_provider.chunking.requests import (
     AnthropicRenderer,
     OpenAIRenderer,
-    RequestSpec,
     renderer_for,
-    request_fingerprint,
-    strict_json_schema,
 )
-from airflow_batch_provider.chunking.templates import json_strings
+from airflow_batch_provider.chunking.spec import RequestSpec, strict_json_schema
 from airflow_batch_provider.exceptions import InvalidInputError
+from tests.chunking.reference import fingerprint, render, render_arrays, render_many, request_fingerprint
 
 TRICKY_TEXTS = [
     "plain",
@@ -121,7 +120,7 @@ def test_rendered_line_equals_the_full_dict(spec_id: str, text: str) -> None:
     spec = SPECS[spec_id]
     renderer = renderer_for(spec)
     for custom_id in ("row-1", 'id with "quotes" é', "a" * 512):
-        line = renderer.render(custom_id, text)
+        line = render(renderer, custom_id, text)
         assert b"\n" not in line and not line.endswith(b"\n")
         parsed = orjson.loads(line)
         assert parsed == renderer.request_dict(custom_id, text)
@@ -136,16 +135,16 @@ def test_rendered_line_equals_the_full_dict(spec_id: str, text: str) -> None:
 def test_render_many_matches_render_and_fingerprints(spec_id: str) -> None:
     renderer = renderer_for(SPECS[spec_id])
     ids = [f"id-{i}" for i in range(len(TRICKY_TEXTS))]
-    lines, fingerprints = renderer.render_many(ids, TRICKY_TEXTS)
-    assert lines == [renderer.render(i, t) for i, t in zip(ids, TRICKY_TEXTS)]
-    for custom_id, text, fingerprint in zip(ids, TRICKY_TEXTS, fingerprints):
+    lines, fingerprints = render_many(renderer, ids, TRICKY_TEXTS)
+    assert lines == [render(renderer, i, t) for i, t in zip(ids, TRICKY_TEXTS)]
+    for custom_id, text, expected in zip(ids, TRICKY_TEXTS, fingerprints):
         without_id = {k: v for k, v in renderer.request_dict(custom_id, text).items() if k != "custom_id"}
         spec = renderer.spec
-        assert fingerprint == request_fingerprint(
+        assert expected == request_fingerprint(
             orjson.dumps(without_id), provider=spec.provider, endpoint=spec.endpoint or ""
         )
-        assert fingerprint == renderer.fingerprint(text)
-        assert len(fingerprint) == 32 and int(fingerprint, 16) >= 0
+        assert fingerprint(renderer, text) == expected
+        assert len(expected) == 32 and int(expected, 16) >= 0
 
 
 @pytest.mark.parametrize("spec_id", list(SPECS))
@@ -153,8 +152,8 @@ def test_render_arrays_is_byte_identical_to_render_many(spec_id: str) -> None:
     """The Arrow path gives the same lines (plus newlines, in one buffer) and fingerprints as the per-row path."""
     renderer = renderer_for(SPECS[spec_id])
     ids = ["row-1", 'id with "quotes" \\ é', "\x00nul", "a" * 512, "😀", "tab\tid", "", "z"]
-    rendered = renderer.render_arrays(pa.array(ids), json_strings(pa.array(TRICKY_TEXTS)))
-    lines, fingerprints = renderer.render_many(ids, TRICKY_TEXTS)
+    rendered = render_arrays(renderer, pa.array(ids), json_strings(pa.array(TRICKY_TEXTS)))
+    lines, fingerprints = render_many(renderer, ids, TRICKY_TEXTS)
     assert rendered.data(0, len(ids)).tobytes() == b"".join(line + b"\n" for line in lines)
     assert rendered.data(2, 5).tobytes() == b"".join(line + b"\n" for line in lines[2:5])
     assert rendered.sizes.tolist() == [len(line) + 1 for line in lines]
@@ -164,25 +163,25 @@ def test_render_arrays_is_byte_identical_to_render_many(spec_id: str) -> None:
 def test_render_arrays_handles_sliced_and_empty_batches() -> None:
     renderer = renderer_for(SPECS["openai-chat"])
     ids, texts = pa.array(["skip", "a", "b", "skip"]), pa.array(["x", 'say "hi"', "ok\n", "y"])
-    sliced = renderer.render_arrays(ids.slice(1, 2), json_strings(texts.slice(1, 2)))
-    lines, fingerprints = renderer.render_many(["a", "b"], ['say "hi"', "ok\n"])
+    sliced = render_arrays(renderer, ids.slice(1, 2), json_strings(texts.slice(1, 2)))
+    lines, fingerprints = render_many(renderer, ["a", "b"], ['say "hi"', "ok\n"])
     assert sliced.data(0, 2).tobytes() == b"".join(line + b"\n" for line in lines)
     assert sliced.fingerprints.to_pylist() == fingerprints
-    empty = renderer.render_arrays(pa.array([], pa.string()), json_strings(pa.array([], pa.string())))
+    empty = render_arrays(renderer, pa.array([], pa.string()), json_strings(pa.array([], pa.string())))
     assert len(empty) == 0 and empty.data(0, 0).tobytes() == b""
     with pytest.raises(ValueError, match="2 custom ids but 1 texts"):
-        renderer.render_arrays(pa.array(["a", "b"]), json_strings(pa.array(["x"])))
+        render_arrays(renderer, pa.array(["a", "b"]), json_strings(pa.array(["x"])))
 
 
 def test_fingerprint_ignores_the_id_but_not_the_request() -> None:
     chat = renderer_for(SPECS["openai-chat"])
-    _, same = chat.render_many(["a", "b"], ["hello", "hello"])
+    _, same = render_many(chat, ["a", "b"], ["hello", "hello"])
     assert same[0] == same[1]
-    assert chat.fingerprint("hello") != chat.fingerprint("hello!")
+    assert fingerprint(chat, "hello") != fingerprint(chat, "hello!")
     other_model = renderer_for(RequestSpec(provider="openai", model="gpt-4o"))
-    assert other_model.fingerprint("hello") != chat.fingerprint("hello")
+    assert fingerprint(other_model, "hello") != fingerprint(chat, "hello")
     other_params = renderer_for(RequestSpec(provider="openai", model="gpt-4o-mini", params={"temperature": 0}))
-    assert other_params.fingerprint("hello") != chat.fingerprint("hello")
+    assert fingerprint(other_params, "hello") != fingerprint(chat, "hello")
     expected = hashlib.sha256(
         b"openai\n/v1/chat/completions\n"
         + orjson.dumps(
@@ -193,11 +192,11 @@ def test_fingerprint_ignores_the_id_but_not_the_request() -> None:
             }
         )
     ).hexdigest()[:32]
-    assert chat.fingerprint("hello") == expected
+    assert fingerprint(chat, "hello") == expected
 
 
 def test_openai_structured_output_from_pydantic_is_strict() -> None:
-    body = orjson.loads(renderer_for(SPECS["openai-chat-pydantic"]).render("x", "t"))["body"]
+    body = orjson.loads(render(renderer_for(SPECS["openai-chat-pydantic"]), "x", "t"))["body"]
     fmt = body["response_format"]
     assert fmt["type"] == "json_schema"
     assert fmt["json_schema"]["name"] == "Label"
@@ -209,12 +208,12 @@ def test_openai_structured_output_from_pydantic_is_strict() -> None:
 
 
 def test_openai_structured_output_from_dict_is_passed_as_given() -> None:
-    body = orjson.loads(renderer_for(SPECS["openai-chat-schema"]).render("x", "t"))["body"]
+    body = orjson.loads(render(renderer_for(SPECS["openai-chat-schema"]), "x", "t"))["body"]
     assert body["response_format"]["json_schema"] == {"name": "Sentiment_answer", "schema": SCHEMA, "strict": True}
 
 
 def test_anthropic_structured_output_is_a_forced_tool() -> None:
-    params = orjson.loads(renderer_for(SPECS["anthropic-schema"]).render("x", "t"))["params"]
+    params = orjson.loads(render(renderer_for(SPECS["anthropic-schema"]), "x", "t"))["params"]
     assert params["tool_choice"] == {"type": "tool", "name": "Label"}
     (tool,) = params["tools"]
     assert tool["name"] == "Label"
@@ -223,7 +222,7 @@ def test_anthropic_structured_output_is_a_forced_tool() -> None:
 
 
 def test_anthropic_system_prompt_is_top_level_and_stop_becomes_stop_sequences() -> None:
-    params = orjson.loads(renderer_for(SPECS["anthropic-system-stop"]).render("x", "hi"))["params"]
+    params = orjson.loads(render(renderer_for(SPECS["anthropic-system-stop"]), "x", "hi"))["params"]
     assert params["system"] == "Be terse. 中文 ok"
     assert params["messages"] == [{"role": "user", "content": "hi"}]
     assert params["stop_sequences"] == ["END"]

@@ -11,8 +11,8 @@ import pyarrow.csv as pacsv
 import pytest
 
 from airflow_batch_provider.chunking import tables
+from airflow_batch_provider.chunking.problems import RowProblems
 from airflow_batch_provider.chunking.tables import TableReader
-from airflow_batch_provider.chunking.templates import RowProblems
 from airflow_batch_provider.chunking.validation import check_csv_quotes, check_utf8
 from airflow_batch_provider.exceptions import InvalidInputError
 

@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import datetime as dt
 from decimal import Decimal
+from typing import Any
 
 import numpy as np
 import orjson
 import pyarrow as pa
 import pytest
 
-from airflow_batch_provider.chunking.templates import (
-    PromptTemplate,
-    RowProblems,
-    json_escape,
-    json_strings,
-    to_string_array,
-)
+from airflow_batch_provider.chunking.arrow_text import json_escape, json_strings, to_string_array
+from airflow_batch_provider.chunking.problems import RowProblems
+from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.exceptions import InvalidInputError
+
+
+def render_batch(template: PromptTemplate, batch: pa.RecordBatch, **options: Any) -> list[str]:
+    """Return one prompt per row as Python strings (the text path, :meth:`PromptTemplate.render_array`)."""
+    texts: list[str] = template.render_array(batch, **options).to_pylist()
+    return texts
 
 
 @pytest.mark.parametrize(
@@ -43,7 +46,7 @@ def test_fields_escapes_and_paths() -> None:
     assert template.fields == ("title", "description")
     assert template.fast_path
     batch = pa.record_batch({"title": ["T"], "description": ["D"]})
-    assert template.render_batch(batch) == ["{literal} T / D / T"]
+    assert render_batch(template, batch) == ["{literal} T / D / T"]
     assert not PromptTemplate("{price:.2f}").fast_path
     assert not PromptTemplate("{name!r}").fast_path
 
@@ -79,8 +82,8 @@ def _typed_batch() -> pa.RecordBatch:
 def test_fast_path_equals_per_row_path_equals_str_format() -> None:
     batch = _typed_batch()
     template = PromptTemplate(" | ".join(f"{name}={{{name}}}" for name in batch.schema.names))
-    fast = template.render_batch(batch, fast=True)
-    slow = template.render_batch(batch, fast=False)
+    fast = render_batch(template, batch, fast=True)
+    slow = render_batch(template, batch, fast=False)
     expected = [template.template.format(**row) for row in batch.to_pylist()]
     assert fast == slow == expected
 
@@ -95,13 +98,13 @@ def test_to_string_array_matches_str() -> None:
 def test_format_specs_use_the_per_row_path() -> None:
     batch = pa.record_batch({"price": [1.5, 2.0], "name": ["a", "b"]})
     template = PromptTemplate("{name!r} costs {price:.2f}")
-    assert template.render_batch(batch) == ["'a' costs 1.50", "'b' costs 2.00"]
+    assert render_batch(template, batch) == ["'a' costs 1.50", "'b' costs 2.00"]
 
 
 def test_format_errors_name_the_rows() -> None:
     batch = pa.record_batch({"price": ["cheap", "dear"]})
     with pytest.raises(InvalidInputError) as info:
-        PromptTemplate("{price:.2f}").render_batch(batch, offset=100)
+        render_batch(PromptTemplate("{price:.2f}"), batch, offset=100)
     assert "cannot format" in str(info.value)
     assert "100, 101" in str(info.value)
     assert "ValueError" in str(info.value)
@@ -117,7 +120,7 @@ def test_nulls_and_blank_prompts_are_named(fast: bool) -> None:
     )
     template = PromptTemplate("{title}{note}")
     problems = RowProblems()
-    texts = template.render_batch(batch, offset=10, problems=problems, fast=fast)
+    texts = render_batch(template, batch, offset=10, problems=problems, fast=fast)
     assert len(texts) == 6
     assert texts[0] == "ok" and texts[4] == "fine"
     message = problems.message()
@@ -126,7 +129,7 @@ def test_nulls_and_blank_prompts_are_named(fast: bool) -> None:
     assert "empty or whitespace-only prompt: 2 row(s) at position 12, 13." in message
     assert problems.rows == [11, 12, 13, 15]
     with pytest.raises(InvalidInputError) as info:
-        template.render_batch(batch, fast=fast)
+        render_batch(template, batch, fast=fast)
     assert info.value.rows == [1, 2, 3, 5]
 
 
@@ -144,10 +147,6 @@ def test_row_problems_name_the_first_20_and_count_all() -> None:
         problems.raise_if_any("Table t")
     assert str(info.value).startswith("Table t has rows")
     assert len(info.value.rows) == 20
-
-
-def test_render_row() -> None:
-    assert PromptTemplate("{a}-{b}").render_row({"a": 1, "b": "x"}) == "1-x"
 
 
 ESCAPE_CASES = [
@@ -245,18 +244,18 @@ def test_rows_whose_every_value_is_blank_are_named(fast: bool) -> None:
 def test_one_column_template_names_the_column_with_the_blank_value(fast: bool) -> None:
     batch = pa.record_batch({"title": pa.array(["kettle", " ", "lamp"]).dictionary_encode()})
     with pytest.raises(InvalidInputError, match="empty or whitespace-only value in column 'title': 1 row\\(s\\) at"):
-        PromptTemplate("Classify this product: {title}").render_batch(batch, fast=fast)
+        render_batch(PromptTemplate("Classify this product: {title}"), batch, fast=fast)
 
 
 def test_a_column_that_is_not_text_is_never_blank() -> None:
     batch = pa.record_batch({"title": ["", " "], "price": [0, 1], "when": [dt.date(2024, 1, 1)] * 2})
-    assert PromptTemplate("{title}: {price}").render_batch(batch) == [": 0", " : 1"]
-    assert PromptTemplate("{title!s:>4} on {when}").render_batch(batch) == ["     on 2024-01-01"] * 2
+    assert render_batch(PromptTemplate("{title}: {price}"), batch) == [": 0", " : 1"]
+    assert render_batch(PromptTemplate("{title!s:>4} on {when}"), batch) == ["     on 2024-01-01"] * 2
 
 
 def test_a_blank_prompt_is_not_also_reported_as_blank_values() -> None:
     batch = pa.record_batch({"title": ["ok", " ", ""]})
     problems = RowProblems()
-    PromptTemplate("{title!s:>2}").render_batch(batch, problems=problems)
+    render_batch(PromptTemplate("{title!s:>2}"), batch, problems=problems)
     assert problems.message().count("row(s)") == 1
     assert "empty or whitespace-only prompt: 2 row(s) at position 1, 2." in problems.message()

@@ -5,9 +5,11 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
+from airflow_batch_provider.chunking.requests import renderer_for
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.cost.answers import answer_schema, typical_answer
 from airflow_batch_provider.cost.tokens import TokenCounter, count_request_tokens
+from tests.chunking.reference import render
 
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
 CLASSIFICATION = {
@@ -64,7 +66,7 @@ def test_schemas_that_bound_nothing_give_no_typical_answer(schema) -> None:
 def test_the_schema_is_found_in_each_providers_request(provider: str) -> None:
     model = "gpt-4o-mini" if provider == "openai" else "claude-haiku-4-5"
     spec = RequestSpec(provider=provider, model=model, params={"max_tokens": 64}, response_schema=CLASSIFICATION)
-    line = orjson.loads(renderer_for(spec).render("p1", "Classify: a phone"))
+    line = orjson.loads(render(renderer_for(spec), "p1", "Classify: a phone"))
     body = line.get("body") or line["params"]
     assert answer_schema(body)["properties"]["label"]["enum"] == LABELS
     assert answer_schema({"tool_choice": {"type": "auto"}, "tools": body.get("tools", [])}) is None
@@ -76,7 +78,7 @@ def test_expected_output_tokens_of_a_structured_chunk() -> None:
         provider="openai", model="gpt-4o-mini", params={"max_tokens": 64}, response_schema=CLASSIFICATION
     )
     renderer = renderer_for(spec)
-    lines = [renderer.render(f"p{i}", f"Classify: product {i}") for i in range(100)]
+    lines = [render(renderer, f"p{i}", f"Classify: product {i}") for i in range(100)]
     tally = count_request_tokens(lines, "gpt-4o-mini")
     per_answer = TokenCounter("gpt-4o-mini").count('{"label":"electronics","confidence":0.93}')
     assert 5 < per_answer < 20
@@ -87,7 +89,7 @@ def test_expected_output_tokens_of_a_structured_chunk() -> None:
 
 def test_the_expectation_never_exceeds_the_bound_and_a_given_one_wins() -> None:
     spec = RequestSpec(provider="openai", model="gpt-4o-mini", params={"max_tokens": 3}, response_schema=CLASSIFICATION)
-    line = renderer_for(spec).render("p1", "Classify: a phone")
+    line = render(renderer_for(spec), "p1", "Classify: a phone")
     assert count_request_tokens([line], "gpt-4o-mini").expected_output_tokens == 3
     given = count_request_tokens([line], "gpt-4o-mini", expected_output_tokens=2)
     assert (given.expected_output_tokens, given.expected_basis) == (2, "expected_output_tokens=2")

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
+from airflow_batch_provider.chunking.requests import renderer_for
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.cost.__main__ import main
 from airflow_batch_provider.cost.advisor import duration, plan_workload, realtime_minutes, recommend
 from airflow_batch_provider.cost.estimate import (
@@ -31,6 +32,7 @@ from airflow_batch_provider.cost.estimate import (
 from airflow_batch_provider.cost.pricing import PRICING_FILE_ENV
 from airflow_batch_provider.cost.tokens import count_request_tokens
 from airflow_batch_provider.exceptions import CostLimitExceededError, InvalidInputError
+from tests.chunking.reference import render
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,7 +122,7 @@ def _chunks(tmp_path: Path, spec: RequestSpec, rows: int = 120, chunk_size: int 
         ids = range(start, min(rows, start + chunk_size))
         path = tmp_path / f"chunk-{index:05d}.jsonl"
         path.write_bytes(
-            b"".join(renderer.render(f"p{i}", f"Classify: Product number {i} " * (1 + i % 5)) + b"\n" for i in ids)
+            b"".join(render(renderer, f"p{i}", f"Classify: Product number {i} " * (1 + i % 5)) + b"\n" for i in ids)
         )
         chunks.append(
             {"chunk_index": index, "provider": spec.provider, "model": spec.model, "requests_path": str(path)}

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
-from airflow_batch_provider.cost import tokens
+from airflow_batch_provider.cost import encodings, tokens
 from airflow_batch_provider.cost.answers import DEFAULT_OUTPUT_TOKENS
 from airflow_batch_provider.cost.tokens import (
     TokenCounter,
@@ -76,16 +76,16 @@ def _never_download(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def no_encodings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """No BPE file anywhere: an empty tiktoken cache, no local folder, no bpe-openai."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(tokens.TIKTOKEN_DIR_ENV, raising=False)
-    monkeypatch.setattr(tokens.importlib.util, "find_spec", lambda name: None)
-    tokens.load_encoding.cache_clear()
+    monkeypatch.delenv(encodings.TIKTOKEN_DIR_ENV, raising=False)
+    monkeypatch.setattr(encodings.importlib.util, "find_spec", lambda name: None)
+    encodings.load_encoding.cache_clear()
     yield tmp_path
-    tokens.load_encoding.cache_clear()
+    encodings.load_encoding.cache_clear()
 
 
 def _offline_encoding(name: str) -> Any | None:
-    tokens.load_encoding.cache_clear()
-    return tokens.load_encoding(name)
+    encodings.load_encoding.cache_clear()
+    return encodings.load_encoding(name)
 
 
 @pytest.mark.parametrize(("text", "o200k", "cl100k"), PINNED)
@@ -209,9 +209,9 @@ def test_requests_without_text_are_rejected(item: Any) -> None:
 
 
 def test_without_any_bpe_file_counts_are_approximate(no_encodings: Path) -> None:
-    assert tokens.load_encoding("o200k_base") is None
+    assert encodings.load_encoding("o200k_base") is None
     assert TokenCounter("gpt-4o-mini").method == "approximation chars/4"
-    with pytest.raises(InvalidInputError, match=tokens.TIKTOKEN_DIR_ENV):
+    with pytest.raises(InvalidInputError, match=encodings.TIKTOKEN_DIR_ENV):
         TokenCounter("gpt-4o-mini", exact=True)
     with pytest.raises(InvalidInputError, match="No offline tokenizer"):
         TokenCounter("claude-haiku-4-5", exact=True)
@@ -221,15 +221,15 @@ def test_a_file_with_the_wrong_hash_is_ignored(no_encodings: Path, monkeypatch: 
     folder = no_encodings / "bpe"
     folder.mkdir()
     (folder / "o200k_base.tiktoken.gz").write_bytes(gzip.compress(b"aGVsbG8= 0\n"))
-    monkeypatch.setenv(tokens.TIKTOKEN_DIR_ENV, str(folder))
-    assert tokens.load_encoding("o200k_base") is None
+    monkeypatch.setenv(encodings.TIKTOKEN_DIR_ENV, str(folder))
+    assert encodings.load_encoding("o200k_base") is None
     assert not (no_encodings / "cache").exists()  # nothing was copied into tiktoken's cache
 
 
 def test_cache_file_name_is_tiktokens(no_encodings: Path) -> None:
-    url = tokens.ENCODING_FILES["o200k_base"][0]
+    url = encodings.ENCODING_FILES["o200k_base"][0]
     expected = no_encodings / "cache" / hashlib.sha1(url.encode()).hexdigest()
-    assert tokens._cache_path("o200k_base") == expected
+    assert encodings._cache_path("o200k_base") == expected
 
 
 def test_pinned_urls_and_hashes_match_tiktoken() -> None:
@@ -237,7 +237,7 @@ def test_pinned_urls_and_hashes_match_tiktoken() -> None:
     import inspect
 
     source = inspect.getsource(openai_public)
-    for url, sha in tokens.ENCODING_FILES.values():
+    for url, sha in encodings.ENCODING_FILES.values():
         assert url in source
         assert sha in source
 

@@ -101,7 +101,9 @@ async def test_async_sdk_clients(batch_emulator: BatchEmulator) -> None:
         assert b'"custom_id":"a"' in (await oai.files.content(batch.output_file_id)).content
     async with anthropic.AsyncAnthropic(api_key="k", base_url=batch_emulator.anthropic_base_url) as claude:
         created = await claude.messages.batches.create(requests=[anthropic_request("a")])
-        while (await claude.messages.batches.retrieve(created.id)).processing_status != "ended":
+        while True:  # poll the emulator's batch (remote state: nothing local to wait on)
+            if (await claude.messages.batches.retrieve(created.id)).processing_status == "ended":
+                break
             await asyncio.sleep(0.02)
         results = [item async for item in await claude.messages.batches.results(created.id)]
         assert [r.custom_id for r in results] == ["a"]

@@ -14,7 +14,8 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
-from airflow_batch_provider.operators.chunk import ChunkOperator, run_folder_name, sanitise_path_part
+from airflow_batch_provider.job_folder import run_folder_name, sanitise_path_part
+from airflow_batch_provider.operators.chunk import ChunkOperator
 
 PROMPT = "Classify this product: {title}\nAnswer with {{one}} label."
 

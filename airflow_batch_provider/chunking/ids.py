@@ -1,0 +1,169 @@
+"""Custom ids of a table's rows: from an id column or a hash of the row, checked and de-duplicated.
+
+Anthropic accepts only ``[a-zA-Z0-9_-]{1,64}``: other user ids are rewritten to a stable
+``h-<sha256>`` (:func:`derive_custom_id`). Duplicates are found with 8 bytes a row (see
+:func:`report_duplicates`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_batch_provider.chunking.arrow_text import to_string_array
+from airflow_batch_provider.chunking.limits import ProviderLimits
+from airflow_batch_provider.chunking.problems import RowProblems
+from airflow_batch_provider.chunking.tables import CUSTOM_ID, TableReader
+
+
+def derive_custom_id(user_id: str) -> str:
+    """Return the stable Anthropic-compliant id used for a user id that does not fit ``[a-zA-Z0-9_-]{1,64}``."""
+    return "h-" + hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:40]
+
+
+class IdBuilder:
+    """Compute each row's custom_id and record null, NaN, empty or over-long ids."""
+
+    def __init__(self, limits: ProviderLimits, id_column: str | None, hash_columns: Sequence[str]) -> None:
+        self.limits = limits
+        self.id_column = id_column
+        self.hash_columns = list(hash_columns)
+        self.derived = 0
+        pattern = limits.custom_id_pattern
+        self._regex = None if pattern is None else f"^(?:{pattern.pattern})$"
+
+    def user_ids(self, batch: pa.RecordBatch) -> pa.Array:
+        """Return the id column as text (only with an id_column)."""
+        assert self.id_column is not None
+        return to_string_array(batch.column(self.id_column))
+
+    def build(self, batch: pa.RecordBatch, *, offset: int, problems: RowProblems) -> pa.Array:
+        """Return one custom_id per row (a string array); bad rows get a unique placeholder and are recorded."""
+        if self.id_column is None:
+            return pa.array(self._hash_ids(batch), pa.string())
+        name = self.id_column
+        user = self.user_ids(batch)
+        bad = pc.fill_null(pc.or_kleene(pc.is_null(user), pc.equal(pc.binary_length(user), 0)), False)
+        raw = batch.column(name)
+        if pa.types.is_floating(raw.type):  # NaN is a missing value too; as text it would be the id "nan"
+            bad = pc.or_(bad, pc.fill_null(pc.is_nan(raw), False))
+        bad_rows = np.asarray(pc.indices_nonzero(bad))
+        problems.add(
+            f"null, NaN or empty id in column {name!r}",
+            bad_rows + offset,
+            advice="Every row needs an id: fill or filter those rows, or leave id_column unset to hash the rows.",
+        )
+        limit = self.limits.max_custom_id_chars
+        if limit is not None:
+            too_long = pc.fill_null(pc.greater(pc.utf8_length(user), limit), False)
+            problems.add(
+                f"id longer than {limit} characters in column {name!r}",
+                np.asarray(pc.indices_nonzero(too_long)) + offset,
+                advice=f"{self.limits.provider} accepts custom ids of at most {limit} characters; shorten them.",
+            )
+        ids = user
+        if self._regex is not None:
+            misfit = pc.invert(pc.fill_null(pc.match_substring_regex(user, self._regex), True))
+            misfits = np.asarray(pc.indices_nonzero(misfit))
+            if misfits.size:
+                derived = [derive_custom_id(value) for value in user.take(misfits).to_pylist()]
+                ids = pc.replace_with_mask(ids, misfit, pa.array(derived, pa.string()))
+            self.derived += int(misfits.size)
+            if misfits.size and name == CUSTOM_ID:
+                problems.add(
+                    f"id in column {CUSTOM_ID!r} that {self.limits.provider} does not accept",
+                    misfits + offset,
+                    advice=f"These ids must be rewritten, which would overwrite the column {CUSTOM_ID!r} in the "
+                    "rows file; rename the column and pass the new name as id_column.",
+                )
+        if bad_rows.size:  # unique placeholders keep these rows out of the duplicate check
+            placeholders = [f"\x00{offset + index}" for index in bad_rows.tolist()]
+            ids = pc.replace_with_mask(ids, bad, pa.array(placeholders, pa.string()))
+        return ids
+
+    def _hash_ids(self, batch: pa.RecordBatch) -> list[str]:
+        # Hash the values' text forms so the same data read from csv, jsonl or parquet gets the same ids.
+        columns = [to_string_array(batch.column(name)).to_pylist() for name in self.hash_columns]
+        dumps, blake2b = orjson.dumps, hashlib.blake2b
+        return ["row-" + blake2b(dumps(values), digest_size=8).hexdigest() for values in zip(*columns)]
+
+
+def id_hashes(custom_ids: pa.Array) -> np.ndarray:
+    """Return Python's 64-bit ``hash()`` of every id (see :func:`report_duplicates`)."""
+    return np.fromiter(map(hash, custom_ids.to_pylist()), dtype=np.int64, count=len(custom_ids))
+
+
+def report_duplicates(
+    hashes: list[np.ndarray],
+    reader: TableReader,
+    columns: Sequence[str],
+    limits: ProviderLimits,
+    id_column: str | None,
+    problems: RowProblems,
+) -> None:
+    """Record rows whose custom_id repeats an earlier row's, naming both positions.
+
+    Memory: instead of a set of every id string (~100 bytes a row, 1 GB at 10M rows) the stream
+    keeps one 64-bit ``hash()`` per row (80 MB at 10M; salted per process, so only compared within
+    this run). Only when two hashes are equal does a second pass re-read the table to confirm real
+    duplicates and find the first positions. At 100M+ rows even 8 bytes a row is too much: write
+    per-chunk sorted hash runs to disk and merge them (an external sort), or push the check to a
+    query engine such as DuckDB.
+    """
+    candidates = _duplicate_hashes(hashes)
+    if not candidates:
+        return
+    ids = IdBuilder(limits, id_column, columns)
+    first_seen: dict[str, tuple[int, str | None]] = {}
+    later: list[int] = []
+    details: list[str] = []
+    offset = 0
+    for batch in reader.batches(columns):
+        custom_ids = ids.build(batch, offset=offset, problems=RowProblems()).to_pylist()
+        user = ids.user_ids(batch).to_pylist() if id_column else [None] * batch.num_rows
+        for index, custom_id in enumerate(custom_ids):
+            if hash(custom_id) not in candidates:
+                continue
+            position = offset + index
+            if custom_id not in first_seen:
+                first_seen[custom_id] = (position, user[index])
+                continue
+            first, first_user = first_seen[custom_id]
+            later.append(position)
+            if id_column is None:
+                details.append(f"rows {first} and {position} are identical (custom_id {custom_id!r})")
+            elif first_user == user[index]:
+                details.append(f"id {first_user!r} at rows {first} and {position}")
+            else:
+                details.append(
+                    f"ids {first_user!r} (row {first}) and {user[index]!r} (row {position}) "
+                    f"both become custom_id {custom_id!r}"
+                )
+        offset += batch.num_rows
+    if id_column is None:
+        kind, advice = (
+            "duplicate row",
+            "Without id_column a row's id is a hash of its values: pass id_column, or drop the repeated rows.",
+        )
+    else:
+        kind, advice = (
+            f"duplicate id in column {id_column!r}",
+            "Each request needs a unique custom_id: de-duplicate the table or choose another id_column.",
+        )
+    problems.add(kind, later, advice=advice, details=details)
+
+
+def _duplicate_hashes(hashes: list[np.ndarray]) -> set[int]:
+    """Return the hash values that occur more than once (empties ``hashes`` to halve the peak memory)."""
+    if not hashes:
+        return set()
+    ordered = np.concatenate(hashes)
+    hashes.clear()
+    ordered.sort()
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    return set(np.unique(repeated).tolist())
