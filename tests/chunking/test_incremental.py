@@ -74,7 +74,7 @@ def test_final_results_of_every_status_are_carried_and_retryable_ones_are_not(tm
     only_answers = load_previous(str(tmp_path / "out"), ["succeeded"]).column("custom_id").to_pylist()
     assert only_answers == ["ok"]
     chunk = _chunk_with_fingerprints(tmp_path, {r["custom_id"]: r["request_fingerprint"] for r in FINAL_AND_NOT})
-    (new,), stats = apply_skip_unchanged([chunk], load_previous(str(tmp_path / "out")))
+    (new,), stats = _skip(tmp_path, chunk, load_previous(str(tmp_path / "out")))
     assert (stats.carried, stats.sent) == (5, 7)
     carried = {r["custom_id"]: r for r in read_carried(new["carry_path"]).to_pylist()}
     assert carried["cut"]["error_code"] == "truncated" and carried["cut"]["http_status"] == 200
@@ -158,3 +158,32 @@ def test_the_chunk_step_publishes_carried_rows_and_schema_with_a_final_manifest(
     assert [orjson.loads(line)["custom_id"] for line in sent.splitlines()] == ["c"]
     assert chunk["num_requests"] == 1 and chunk["num_bytes"] == len(sent)
     assert sorted(p.name for p in job.path.iterdir()) == ["chunks"]  # no staging folder left
+
+
+@pytest.mark.parametrize(("statuses", "sent"), [(None, []), (["succeeded"], ["b"])])
+def test_the_chunk_operator_carries_by_its_carry_statuses(tmp_path, statuses, sent):
+    """ChunkOperator's carry_statuses reach the staging step: a truncated answer is kept unless told otherwise."""
+    from airflow_batch_provider.chunking.chunks import build_chunks
+    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.operators.chunk import ChunkOperator
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", "y"]}), source)
+    spec = RequestSpec(provider="openai", model="gpt-4o-mini")
+    first = build_chunks(source, tmp_path / "job1", spec, "{text}", id_column="id").descriptors[0]
+    a, b = pq.read_table(first["rows_path"]).to_pylist()
+    cut = _with_code("b", "invalid_output", "truncated", finish="length")
+    _previous(
+        tmp_path / "out",
+        [_row("a", a["request_fingerprint"]), {**cut, "request_fingerprint": b["request_fingerprint"]}],
+    )
+
+    chosen = {} if statuses is None else {"carry_statuses": statuses}
+    op = ChunkOperator(
+        task_id="chunk", source=str(source), prompt_template="{text}", model="gpt-4o-mini", id_column="id",
+        job_dir=str(tmp_path / "job2"), skip_unchanged=True, previous_output=str(tmp_path / "out"), **chosen,
+    )  # fmt: skip
+    (chunk,) = op.execute({})  # type: ignore[arg-type]
+    lines = Path(chunk["requests_path"]).read_bytes().splitlines()
+    assert [orjson.loads(line)["custom_id"] for line in lines] == sent
+    assert chunk["num_carried"] == 2 - len(sent)
