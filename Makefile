@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo test lint typecheck pytest clean bench vllm-classes
+.PHONY: venv demo test lint typecheck pytest clean bench vllm-classes bench-stream demo-stream redis browser-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,12 @@ lint: venv
 typecheck: venv
 	$(VENV)/bin/mypy
 
-pytest: venv vllm-classes
+# The browser tests (pytest -m browser) drive Debian's chromium through chromium-driver; idempotent.
+browser-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+
+pytest: venv vllm-classes redis browser-deps
 	$(VENV)/bin/pytest
 
 test: lint typecheck pytest
@@ -55,6 +60,25 @@ test: lint typecheck pytest
 # (BENCH_REPEAT=1: one run per path instead of the best of two up to 1M rows).
 bench: venv
 	$(PY) -m benchmarks.run
+
+# The streaming-intake tests use Redis on 127.0.0.1:6379 (this machine's shared server); on a machine
+# without one, install Debian's redis-server and start it on loopback. Idempotent.
+redis:
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || { \
+		command -v redis-server >/dev/null || apt-get install -y -q redis-server >/dev/null; \
+		redis-server --bind 127.0.0.1 --port 6379 --daemonize yes >/dev/null; \
+		for i in 1 2 3 4 5 6 7 8 9 10; do redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && break; sleep 0.5; done; }
+
+# Streaming intake (docs/streaming.md): real-time P50/P99 with and without batch traffic (priority vs FIFO),
+# backpressure, group fill rate; Redis on 127.0.0.1:6379, the emulator and the stream worker as processes.
+bench-stream: venv redis
+	$(PY) -m benchmarks.stream
+
+# Push N requests through a queue (STREAM_BACKEND=redis|sqs) and the stream_intake DAG; ends with `output:` and `stream:`.
+STREAM_BACKEND ?= redis
+STREAM_N ?= 300
+demo-stream: venv redis
+	$(PY) scripts/demo_stream.py --backend $(STREAM_BACKEND) --requests $(STREAM_N)
 
 clean:
 	rm -rf .airflow .demo .mypy_cache .ruff_cache .pytest_cache

@@ -94,22 +94,23 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.operators.merge",
                     "airflow_batch_provider.operators.vllm",
                     "airflow_batch_provider.operators.server",
+                    "airflow_batch_provider.operators.intake",
                 ],
             }
         ],
         "sensors": [
             {
                 "integration-name": "LLM Batch Inference",
-                "python-modules": ["airflow_batch_provider.sensors.batch"],
+                "python-modules": ["airflow_batch_provider.sensors.batch", "airflow_batch_provider.sensors.intake"],
             }
         ],
         "triggers": [
             {
                 "integration-name": "LLM Batch Inference",
-                "python-modules": ["airflow_batch_provider.triggers.batch"],
+                "python-modules": ["airflow_batch_provider.triggers.batch", "airflow_batch_provider.triggers.intake"],
             }
         ],
-        "extra-links": ["airflow_batch_provider.links.BatchConsoleLink"],
+        "extra-links": ["airflow_batch_provider.links.BatchConsoleLink", "airflow_batch_provider.links.RunReportLink"],
         "connection-types": [
             {
                 "hook-class-name": "airflow_batch_provider.hooks.openai_batch.OpenAIBatchHook",

@@ -55,3 +55,28 @@ class BatchConsoleLink(BaseOperatorLink):
 def remember_batch_url(operator: Any, url: str | None) -> None:
     """Record the console URL on the running operator so :class:`BatchConsoleLink` can return it."""
     setattr(operator, URL_ATTRIBUTE, url or "")
+
+
+# The UI plugin's FastAPI app is mounted here (airflow_batch_provider.ui.plugin); kept in this
+# import-light module because the worker resolves links without loading the plugin.
+UI_PREFIX = "/llm-batches"
+
+
+def ui_url(path: str) -> str:
+    """Return the URL of a page of the "LLM batches" view, under ``[api] base_url`` when it is set."""
+    from airflow.configuration import conf
+
+    base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+    return f"{base}{UI_PREFIX}{path}"
+
+
+class RunReportLink(BaseOperatorLink):
+    """Open the run report (``_REPORT.html``) the merge wrote, served by the "LLM batches" view."""
+
+    name = "Run report"
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        """Return the view's report URL of this DAG run (it answers 404 until a merge wrote one)."""
+        from urllib.parse import quote
+
+        return ui_url(f"/runs/{quote(ti_key.dag_id, safe='')}/{quote(ti_key.run_id, safe='')}/report")

@@ -33,6 +33,13 @@ COST_ACTUAL = f"{PREFIX}.cost_usd.actual"
 COST_UPPER_BOUND = f"{PREFIX}.cost_usd.upper_bound"
 COST_EXPECTED = f"{PREFIX}.cost_usd.expected"
 COST_REALTIME = f"{PREFIX}.cost_usd.realtime_equivalent"
+# Streaming intake (emitted through intake/sizing.py's IntakeMetrics; docs/streaming.md).
+INTAKE_QUEUE_DEPTH = f"{PREFIX}.intake.queue_depth"
+INTAKE_ACCEPTED = f"{PREFIX}.intake.accepted"
+INTAKE_REJECTED = f"{PREFIX}.intake.rejected"
+INTAKE_DEAD_LETTERED = f"{PREFIX}.intake.dead_lettered"
+INTAKE_GROUP_FILL_RATE = f"{PREFIX}.intake.group_fill_rate"
+INTAKE_FLUSH_LATENCY = f"{PREFIX}.intake.flush_latency_s"
 
 
 class StatsBackend(Protocol):

@@ -59,6 +59,10 @@ class BatchState:
     error_file_id: str | None = None
     errors: tuple[dict[str, Any], ...] = ()
     results_url: str | None = None
+    # Provider-reported epoch seconds: when the batch was created and when it reached a terminal
+    # status (None while it runs). The run report's latency timeline is drawn from these.
+    created_at: float | None = None
+    ended_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict (for XCom and trigger events)."""
@@ -80,6 +84,8 @@ class BatchState:
             error_file_id=data.get("error_file_id"),
             errors=tuple(data.get("errors") or ()),
             results_url=data.get("results_url"),
+            created_at=data.get("created_at"),
+            ended_at=data.get("ended_at"),
         )
 
     def progress_line(self) -> str:

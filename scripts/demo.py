@@ -173,7 +173,10 @@ def main() -> int:
     if failed or notable.get("error"):
         print_failure(returncode, notable, before, after, output_dir)
         return 1
-    print_summary(json.loads(summary_file.read_text()), args.backend, time.time() - started)
+    summary = json.loads(summary_file.read_text())
+    print_summary(summary, args.backend, time.time() - started)
+    if summary.get("report"):
+        print(f"report: {summary['report']}  (open it in a browser; also under 'LLM batches' in the Airflow UI)")
     print(f"output: {output_dir}")
     return 0
 

@@ -38,8 +38,10 @@ class InMemoryTaskStateStore:
 def make_context(
     store: InMemoryTaskStateStore | None = None, *, map_index: int = 0, run_id: str = "run-1"
 ) -> dict[str, Any]:
-    """A minimal task context: a ti with ids, and optionally a task state store."""
+    """A minimal task context: a ti with ids (``ti.pushed``: its XCom pushes, in order), and optionally a store."""
     ti = SimpleNamespace(dag_id="test_dag", run_id=run_id, task_id="submit", map_index=map_index, try_number=1)
+    ti.pushed = []
+    ti.xcom_push = lambda key, value: ti.pushed.append((key, value))
     ctx: dict[str, Any] = {"ti": ti, "task_instance": ti}
     if store is not None:
         ctx["task_state_store"] = store

@@ -19,7 +19,8 @@ What is compared, and why it is deterministic:
 - the listing of both folders (relative paths, sorted) and each file's sha256;
 - the absolute job and output folder paths (they contain the run id, a timestamp) are replaced
   by ``$JOB_DIR`` / ``$OUTPUT_DIR`` in the bytes before hashing: they appear in manifest.json
-  and _SUMMARY.json only; nothing else is excluded — no file holds a clock time;
+  and _SUMMARY.json only; nothing else is excluded but ``_REPORT.html``, the run report, which
+  draws the provider's batch timestamps (clock times; tests/report checks its content);
 - batch ids (in the parts and carry files): each test starts its own emulator, whose ids come
   from a counter, and holds every batch until its status is read once (``polls_before_done=1``),
   so ids are taken in task order, not in the order its worker happens to finish batches. The
@@ -60,7 +61,7 @@ def _digests(folder: Path, job_dir: Path, output_dir: Path) -> dict[str, str]:
     return {
         str(path.relative_to(folder)): hashlib.sha256(_normalised(path.read_bytes(), job_dir, output_dir)).hexdigest()
         for path in sorted(folder.rglob("*"))
-        if path.is_file()
+        if path.is_file() and path.name != "_REPORT.html"
     }
 
 

@@ -16,7 +16,8 @@ and ``anthropic.Anthropic(api_key="x", base_url="http://127.0.0.1:PORT")``. Any 
 ``--port-file`` receives it (written atomically) once the server listens. One line per batch
 state change goes to stderr (``--quiet`` silences them); SIGTERM/SIGINT stop it cleanly.
 ``--realtime-delay SECONDS`` is slept inside every realtime request so concurrency shows in
-the stats (``realtime.realtime_max_concurrency``).
+the stats (``realtime.realtime_max_concurrency``). ``--realtime-slots N`` serves at most N realtime
+requests at once and ``--scheduling-policy priority|fcfs`` says who waits (``emulator/scheduling.py``).
 
 OpenAI batches go validating → in_progress → finalizing → completed, one ``--latency`` apart
 (about 3 x latency plus processing; 50,000 lines take a couple of seconds). Anthropic batches go
@@ -100,6 +101,19 @@ from airflow_batch_provider.emulator.faults import DEFAULT_VALIDATION_CODE, Faul
 from airflow_batch_provider.emulator.server import BatchEmulator
 
 
+def _add_scheduling_args(parser: argparse.ArgumentParser) -> None:
+    """Add the realtime scheduler's switches (emulator/scheduling.py)."""
+    parser.add_argument(
+        "--realtime-slots", type=int, default=0, help="realtime requests served at once; 0 = unlimited (default)"
+    )
+    parser.add_argument(
+        "--scheduling-policy",
+        choices=("priority", "fcfs"),
+        default="priority",
+        help="how waiting realtime requests get a slot: by request 'priority' (lower first), or arrival",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the CLI argument parser."""
     parser = argparse.ArgumentParser(
@@ -111,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     parser.add_argument("--latency", type=float, default=0.2, help="seconds between batch states (default 0.2)")
     parser.add_argument("--realtime-delay", type=float, default=0.0, help="seconds slept per realtime request")
+    _add_scheduling_args(parser)
     parser.add_argument("--seed", type=int, default=0, help="seed of every fault decision (default 0)")
     parser.add_argument("--line-error-rate", type=float, default=0.0, help="fraction of lines failing with 500")
     parser.add_argument("--invalid-line-rate", type=float, default=0.0, help="fraction of lines failing with 400")
@@ -197,7 +212,13 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         delay_after_routes=parse_route_delays(args.delay_after_route, "--delay-after-route"),
     )
     return EmulatorConfig(
-        host=args.host, port=args.port, latency=args.latency, realtime_delay=args.realtime_delay, faults=faults
+        host=args.host,
+        port=args.port,
+        latency=args.latency,
+        realtime_delay=args.realtime_delay,
+        faults=faults,
+        realtime_slots=args.realtime_slots,
+        scheduling_policy=args.scheduling_policy,
     )
 
 

@@ -185,8 +185,7 @@ class AnthropicApi:
             raise _bad("stream: streaming is not supported by the emulator")
         self.store.realtime_enter()
         try:
-            if self.config.realtime_delay:
-                time.sleep(self.config.realtime_delay)
+            self.store.scheduler.run(0, self.config.realtime_delay)
             try:
                 answer = message(params)
                 unique_id(answer, self.store.new_id(""))

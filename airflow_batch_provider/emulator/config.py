@@ -22,6 +22,9 @@ class EmulatorConfig:
     port: int = 0
     latency: float = 0.2
     realtime_delay: float = 0.0
+    # Realtime model slots and how they are shared out (emulator/scheduling.py); 0 = unlimited.
+    realtime_slots: int = 0
+    scheduling_policy: str = "priority"
     faults: Faults = field(default_factory=Faults)
     slice_size: int = 1000
     max_upload_bytes: int = 512 * MB

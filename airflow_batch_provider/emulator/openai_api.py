@@ -10,6 +10,7 @@ from typing import Any
 from airflow_batch_provider.emulator.config import EmulatorConfig
 from airflow_batch_provider.emulator.openai_batch import OpenAIRunner
 from airflow_batch_provider.emulator.records import OpenAIBatch, StoredFile
+from airflow_batch_provider.emulator.scheduling import request_priority
 from airflow_batch_provider.emulator.store import Store
 from airflow_batch_provider.emulator.synth import OPENAI_BUILDERS, ParamError, unique_id
 from airflow_batch_provider.emulator.wire import (
@@ -282,8 +283,7 @@ class OpenAIApi:
                     headers={"retry-after": f"{wait:g}", "retry-after-ms": str(int(wait * 1000))},
                 )
             try:
-                if self.config.realtime_delay:
-                    time.sleep(self.config.realtime_delay)
+                self.store.scheduler.run(request_priority(body), self.config.realtime_delay)
                 try:
                     result = builder(body, int(time.time()))
                     unique_id(result, self.store.new_id(""))

@@ -28,6 +28,7 @@ from airflow_batch_provider.emulator.engine import Engine
 from airflow_batch_provider.emulator.faults import Faults
 from airflow_batch_provider.emulator.openai_api import OpenAIApi
 from airflow_batch_provider.emulator.openai_batch import OpenAIRunner
+from airflow_batch_provider.emulator.scheduling import RealtimeScheduler
 from airflow_batch_provider.emulator.store import Store
 from airflow_batch_provider.emulator.transport import Handler, HttpServer
 from airflow_batch_provider.emulator.wire import (
@@ -56,6 +57,7 @@ class BatchEmulator:
     def __init__(self, config: EmulatorConfig | None = None) -> None:
         self.config = config or EmulatorConfig()
         self.store = Store(self.config.faults)
+        self.store.scheduler = RealtimeScheduler(self.config.realtime_slots, self.config.scheduling_policy)
         openai_runner = OpenAIRunner(self.store, self.config.latency, self.config.slice_size)
         anthropic_runner = AnthropicRunner(self.store, self.config.latency, self.config.slice_size)
         self.engine = Engine(self.store, openai_runner, anthropic_runner)

@@ -18,6 +18,7 @@ import orjson
 
 from airflow_batch_provider.emulator.faults import Faults, HttpDice
 from airflow_batch_provider.emulator.records import AnthropicBatch, OpenAIBatch, StoredFile
+from airflow_batch_provider.emulator.scheduling import RealtimeScheduler
 
 _SECTIONS = ("openai", "anthropic", "realtime", "http")
 
@@ -38,6 +39,8 @@ class Store:
         self._in_flight = 0
         self._delayed: Counter[tuple[str, str]] = Counter()
         self.wakeup = threading.Event()
+        # Replaced by BatchEmulator with the configured slots; unlimited until then.
+        self.scheduler = RealtimeScheduler()
 
     # ids and counters -------------------------------------------------------------------------
 

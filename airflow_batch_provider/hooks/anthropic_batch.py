@@ -91,14 +91,19 @@ def state_from_anthropic(batch: Any) -> BatchState:
         provider_status=batch.processing_status,
         counts=RequestCounts(total=total, completed=c.succeeded, failed=c.errored + c.canceled + c.expired),
         results_url=batch.results_url,
+        created_at=_created_epoch(batch),
+        ended_at=_epoch(batch.ended_at) if batch.ended_at else None,
     )
 
 
 def _created_epoch(batch: Any) -> float:
-    created = batch.created_at
-    if isinstance(created, str):
-        created = dt.datetime.fromisoformat(created.replace("Z", "+00:00"))
-    return float(created.timestamp())
+    return _epoch(batch.created_at)
+
+
+def _epoch(value: dt.datetime | str) -> float:
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return float(value.timestamp())
 
 
 class AnthropicBatchHook(BatchHook):

@@ -97,7 +97,18 @@ def state_from_openai(batch: Any) -> BatchState:
         output_file_id=batch.output_file_id,
         error_file_id=batch.error_file_id,
         errors=errors,
+        created_at=float(batch.created_at) if batch.created_at else None,
+        ended_at=_ended_at(batch),
     )
+
+
+def _ended_at(batch: Any) -> float | None:
+    """Return when an OpenAI batch reached its terminal status (epoch seconds), or None while it runs."""
+    for name in ("completed_at", "failed_at", "expired_at", "cancelled_at"):
+        value = getattr(batch, name, None)
+        if value:
+            return float(value)
+    return None
 
 
 #: Seconds one batch-create request may take (a small JSON POST; uploads keep the client's 600 s).

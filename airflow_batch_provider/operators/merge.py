@@ -16,7 +16,9 @@ from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.job_folder import OutputFolder, part_name
+from airflow_batch_provider.links import RunReportLink
 from airflow_batch_provider.metrics import BatchMetrics
+from airflow_batch_provider.report import write_run_report
 from airflow_batch_provider.results.merge import PartSink, merge_chunk, remove_stale_parts
 from airflow_batch_provider.results.summary import MergeStats, format_summary_table
 from airflow_batch_provider.utils.storage import atomic_write, makedirs
@@ -54,6 +56,7 @@ class MergeResultsOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("batches", "output_dir", "conn_id", "max_failure_ratio")
     ui_color = "#e6f5e6"
+    operator_extra_links = (RunReportLink(),)
 
     def __init__(
         self,
@@ -93,7 +96,7 @@ class MergeResultsOperator(BaseOperator):
             raise ResultsError("MergeResultsOperator received no batches: did the chunk step produce any chunks?")
         makedirs(self.output_dir)
         metrics = BatchMetrics.from_context(context, provider=batches[0]["provider"], model=batches[0]["model"])
-        total, usage, over = self._merge_all(batches, limit)
+        total, usage, over, per_chunk = self._merge_all(batches, limit)
         removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
         if removed:
             self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
@@ -107,9 +110,11 @@ class MergeResultsOperator(BaseOperator):
         if limit is not None:
             summary["max_failure_ratio"] = limit
             summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
+        summary["report"] = write_run_report(self.output_dir, summary, per_chunk, _report_title(self.dag_id, context))
         with atomic_write(str(OutputFolder(self.output_dir).summary)) as out:
             out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.log.info("Batch job summary\n%s", format_summary_table(summary))
+        self.log.info("run report: %s", summary["report"])
         if summary.get("cost_comparison"):
             self.log.info("%s", summary["cost_comparison"])
         if over:
@@ -118,12 +123,14 @@ class MergeResultsOperator(BaseOperator):
 
     def _merge_all(
         self, batches: list[dict[str, Any]], limit: float | None
-    ) -> tuple[MergeStats, UsageTally, list[dict[str, Any]]]:
-        """Merge each chunk in order; return the totals, this run's usage and the chunks over ``limit``."""
+    ) -> tuple[MergeStats, UsageTally, list[dict[str, Any]], list[tuple[dict[str, Any], MergeStats]]]:
+        """Merge each chunk in order; return the totals, this run's usage, the chunks over ``limit`` and
+        each chunk's counters (for the run report)."""
         hooks: dict[str, BatchHook] = {}
         total = MergeStats()
         usage = UsageTally()
         over: list[dict[str, Any]] = []
+        per_chunk: list[tuple[dict[str, Any], MergeStats]] = []  # for the run report
         for batch in batches:
             provider = batch["provider"]
             hook = hooks.get(provider) or hooks.setdefault(provider, self._hook(provider))
@@ -132,6 +139,7 @@ class MergeResultsOperator(BaseOperator):
             usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
             self._log_merged(batch, stats)
             total.add(stats)
+            per_chunk.append((batch, stats))
             ratio = stats.failed / stats.rows if stats.rows else 0.0
             if limit is not None and ratio > limit:
                 over.append(
@@ -144,7 +152,7 @@ class MergeResultsOperator(BaseOperator):
                         "top_errors": stats.top_errors(3),
                     }
                 )
-        return total, usage, over
+        return total, usage, over, per_chunk
 
     def _log_merged(self, batch: Mapping[str, Any], stats: MergeStats) -> None:
         attempts = len(batch.get("attempts") or ([batch["state"]] if batch.get("state") else []))
@@ -194,6 +202,11 @@ def _failure_ratio(value: float | str | None) -> float | None:
     if not 0.0 <= ratio <= 1.0:
         raise ValueError(f"max_failure_ratio must be between 0 and 1 (or None), got {value!r}")
     return ratio
+
+
+def _report_title(dag_id: str | None, context: Context) -> str:
+    run = context.get("dag_run")
+    return f"{dag_id} / {run.run_id}" if run is not None else str(dag_id)
 
 
 def _too_many_failures_message(over: list[dict[str, Any]], limit: float | None, num_chunks: int) -> str:

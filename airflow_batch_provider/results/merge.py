@@ -31,7 +31,7 @@ from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.job_folder import OutputFolder
 from airflow_batch_provider.results.structured import OutputValidator
-from airflow_batch_provider.results.summary import MergeStats
+from airflow_batch_provider.results.summary import MergeStats, keep_examples
 from airflow_batch_provider.results.table import EMBEDDING, TEXT, concat_results, records_to_table, result_schema
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.utils.storage import atomic_write, to_path
@@ -231,15 +231,19 @@ def _stats(table: pa.Table, results: pa.Table, ids: pa.ChunkedArray) -> MergeSta
     retried = pc.greater(tries, 1)
     stats.retried_rows = _count(retried)
     stats.recovered_rows = _count(pc.and_(retried, pc.equal(status, "succeeded")))
-    stats.truncated_rows = _count(pc.equal(table.column("finish_reason"), "length"))
+    truncated = pc.equal(table.column("finish_reason"), "length")
+    stats.truncated_rows = _count(truncated)
+    if stats.truncated_rows:
+        keep_examples(stats.truncated_examples, ids.filter(pc.fill_null(truncated, False)).to_pylist())
     failed = pc.not_equal(status, "succeeded")
     if _count(failed):
-        details = table.select(["status", "error_code", "error"]).filter(failed).to_pylist()
+        details = table.select(["custom_id", "status", "error_code", "error"]).filter(failed).to_pylist()
         for row in details:
-            kind = f"{row['status']}/{row['error_code'] or '-'}"
+            kind = f"{row['status']}/{row['error_code'] or '-'}"  # not the message: it may quote the answer
             stats.errors[kind] += 1
-            if kind not in stats.error_examples and row["error"]:
-                stats.error_examples[kind] = _short(row["error"])
+            keep_examples(stats.error_examples.setdefault(kind, []), [row["custom_id"]])
+            if kind not in stats.error_messages and row["error"]:
+                stats.error_messages[kind] = _short(row["error"])
     answered_ids = pc.unique(results.column("custom_id"))
     stats.unmatched_results = len(answered_ids) - _count(pc.is_in(answered_ids, value_set=ids))
     return stats

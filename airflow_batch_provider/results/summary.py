@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batch_provider.cost.estimate import cost_rows
 
 TOP_ERRORS = 5
+EXAMPLE_IDS = 3  # custom_ids kept per error kind (and of truncated answers) in the summary
+
+
+def keep_examples(kept: list[str], more: Iterable[str]) -> None:
+    """Append custom_ids from ``more`` to ``kept`` until it holds :data:`EXAMPLE_IDS`."""
+    for custom_id in more:
+        if len(kept) >= EXAMPLE_IDS:
+            return
+        kept.append(custom_id)
 
 
 @dataclass
@@ -26,13 +35,15 @@ class MergeStats:
     requests_resent: int = 0  # ... plus these, sent again in follow-up batches (line retries)
     batches: int = 0  # batches created, follow-ups included
     errors: Counter[str] = field(default_factory=Counter)  # failed rows per "status/code" (e.g. "errored/server_error")
-    error_examples: dict[str, str] = field(default_factory=dict)  # the first message seen per "status/code"
-    truncated_rows: int = 0  # answers cut off at max_tokens (finish_reason "length"), whatever their status
+    error_messages: dict[str, str] = field(default_factory=dict)  # the first message seen per "status/code"
     carried_rows: int = 0  # unchanged rows whose stored result was kept (skip_unchanged)
     new_input_tokens: int = 0  # tokens of rows sent in this run (what this run pays for)
     new_output_tokens: int = 0
     retried_rows: int = 0  # rows sent in more than one batch
     recovered_rows: int = 0  # ... that succeeded in the end
+    error_examples: dict[str, list[str]] = field(default_factory=dict)  # "status/code" -> a few custom_ids
+    truncated_rows: int = 0  # answers cut off at max_tokens (finish_reason "length"), whatever their status
+    truncated_examples: list[str] = field(default_factory=list)
 
     @property
     def failed(self) -> int:
@@ -45,9 +56,8 @@ class MergeStats:
         self.chunks += other.chunks
         self.statuses.update(other.statuses)
         self.errors.update(other.errors)
-        for kind, example in other.error_examples.items():
-            self.error_examples.setdefault(kind, example)
-        self.truncated_rows += other.truncated_rows
+        for kind, message in other.error_messages.items():
+            self.error_messages.setdefault(kind, message)
         self.retried_rows += other.retried_rows
         self.carried_rows += other.carried_rows
         self.recovered_rows += other.recovered_rows
@@ -59,6 +69,10 @@ class MergeStats:
         self.requests_sent += other.requests_sent
         self.requests_resent += other.requests_resent
         self.batches += other.batches
+        for kind, ids in other.error_examples.items():
+            keep_examples(self.error_examples.setdefault(kind, []), ids)
+        self.truncated_rows += other.truncated_rows
+        keep_examples(self.truncated_examples, other.truncated_examples)
 
     def top_errors(self, count: int) -> list[list[Any]]:
         """Return the ``count`` most common failures as ``[["status/code: first message", rows], ...]``.
@@ -66,13 +80,15 @@ class MergeStats:
         Grouped by status and code, not by message: a message often quotes the answer (a cut-off
         JSON text), which would split one cause into thousands of buckets of one.
         """
-        return [
-            [f"{kind}: {self.error_examples[kind]}" if self.error_examples.get(kind) else kind, rows]
-            for kind, rows in self.errors.most_common(count)
-        ]
+        return [[self._label(kind), rows] for kind, rows in self.errors.most_common(count)]
+
+    def _label(self, kind: str) -> str:
+        message = self.error_messages.get(kind)
+        return f"{kind}: {message}" if message else kind
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able summary."""
+        top = [kind for kind, _ in self.errors.most_common(TOP_ERRORS)]
         return {
             "rows": self.rows,
             "chunks": self.chunks,
@@ -83,7 +99,10 @@ class MergeStats:
             "retried_rows": self.retried_rows,
             "recovered_rows": self.recovered_rows,
             "top_errors": self.top_errors(TOP_ERRORS),
+            # Keyed like top_errors' entries, so the run report can put the ids next to them.
+            "error_examples": {self._label(kind): self.error_examples.get(kind, []) for kind in top},
             "truncated_rows": self.truncated_rows,
+            "truncated_examples": list(self.truncated_examples),
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "unmatched_results": self.unmatched_results,

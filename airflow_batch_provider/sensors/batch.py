@@ -53,6 +53,7 @@ from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
 from airflow_batch_provider.metrics import BatchMetrics
+from airflow_batch_provider.progress import progress_base, progress_record, publish_progress
 from airflow_batch_provider.sensors.errors import (
     cancelled_error,
     failed_error,
@@ -229,6 +230,7 @@ class BatchCompleteSensor(BaseSensorOperator):
             return PokeReturnValue(is_done=False)
         self._poll_errors = 0
         self.log.info("%s: %s", self._label, state.progress_line())
+        self._publish(context, state)
         if state.status.is_terminal:
             match self._on_terminal(context, state):
                 case Finished(result):
@@ -241,6 +243,7 @@ class BatchCompleteSensor(BaseSensorOperator):
             if state is None:
                 state = self.hook.get_state(self.record.current.batch_id)
                 self.log.info("%s: %s", self._label, state.progress_line())
+            self._publish(context, state)
             if not state.status.is_terminal:
                 return self._wait(context)
             match self._on_terminal(context, state):
@@ -274,11 +277,17 @@ class BatchCompleteSensor(BaseSensorOperator):
                 not_before=not_before,
                 job_dir=self.batch.get("job_dir"),
                 carry=self.record.to_dict(),
+                progress=progress_base(self.batch, len(self.record.attempts)),
             ),
             method_name="execute_complete",
             # A backstop only: the trigger fires its own timeout event first, so we can cancel.
             timeout=timedelta(seconds=timeout + 300 + max(0.0, (not_before or 0.0) - time.time())),
         )
+
+    def _publish(self, context: Context, state: BatchState) -> None:
+        """Publish this look at the batch for the "LLM batches" view (see :mod:`airflow_batch_provider.progress`)."""
+        base = progress_base(self.batch, len(self.record.attempts))
+        publish_progress(context, progress_record(base, state, self.hook.batch_url(state.batch_id)))
 
     def _on_terminal(self, context: Context, state: BatchState) -> Outcome:
         """Decide what an ended batch means: finished, a new batch to poll, wait, or raise."""

@@ -25,6 +25,7 @@ from airflow_batch_provider.batches.line_retry import mark_cancelled_by_us
 from airflow_batch_provider.exceptions import BatchProviderError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
+from airflow_batch_provider.progress import apublish_progress, progress_record
 from airflow_batch_provider.utils.retry import NO_RETRY
 
 
@@ -44,6 +45,8 @@ class BatchCompleteTrigger(BaseTrigger):
         sensor waiting out a provider refusal); wall clock because it must survive a process change.
     :param job_dir: the chunk's job folder, where ``on_kill`` leaves its "cancelled by us" marker.
     :param carry: small JSON-able record returned as is in the event.
+    :param progress: the chunk's fixed progress fields (:func:`~airflow_batch_provider.progress.progress_base`);
+        when given, each poll that changes the counts is published for the "LLM batches" view.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class BatchCompleteTrigger(BaseTrigger):
         not_before: float | None = None,
         job_dir: str | None = None,
         carry: dict[str, Any] | None = None,
+        progress: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.provider = provider
@@ -73,6 +77,7 @@ class BatchCompleteTrigger(BaseTrigger):
         self.not_before = not_before
         self.job_dir = job_dir
         self.carry = carry
+        self.progress = progress
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return the class path and JSON-able kwargs that rebuild this trigger."""
@@ -90,6 +95,7 @@ class BatchCompleteTrigger(BaseTrigger):
                 "not_before": self.not_before,
                 "job_dir": self.job_dir,
                 "carry": self.carry,
+                "progress": self.progress,
             },
         )
 
@@ -165,6 +171,9 @@ class BatchCompleteTrigger(BaseTrigger):
                 if line != last_line:
                     self.log.info("%s%s", prefix, line)
                     last_line = line
+                    if self.progress is not None:
+                        record = progress_record(self.progress, state, hook.batch_url(self.batch_id))
+                        await apublish_progress(self.task_instance, record)
                 if state.status.is_terminal:
                     yield TriggerEvent(
                         {"status": "success", "batch_id": self.batch_id, "state": last_state, "carry": self.carry}

@@ -80,7 +80,7 @@ def test_rerun_rewrites_the_same_files(openai_hook, tmp_path):
     first = _read(out)
     op.execute(make_context())
     assert _read(out) == first
-    assert sorted(p.name for p in out.iterdir()) == ["_SUMMARY.json", "part-00000.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["_REPORT.html", "_SUMMARY.json", "part-00000.parquet"]
 
 
 def test_stale_parts_of_a_larger_earlier_run_are_removed(openai_hook, tmp_path):
@@ -123,7 +123,12 @@ def test_too_many_failures_raise_after_every_part_is_written(openai_conn, openai
     assert "invalid_request_error" in message  # the top error code, with its message
     assert [c["label"] for c in info.value.chunks] == [bad["label"]]
     # what succeeded is kept: both parts and the summary were written before the error
-    assert sorted(p.name for p in out.iterdir()) == ["_SUMMARY.json", "part-00000.parquet", "part-00001.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "_REPORT.html",
+        "_SUMMARY.json",
+        "part-00000.parquet",
+        "part-00001.parquet",
+    ]
     assert len(_read(out)) == 40
 
 

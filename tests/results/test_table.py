@@ -199,4 +199,4 @@ def test_carried_rows_count_as_attempt_zero_and_unmatched_results_are_counted():
     assert (out["new"]["status"], out["new"]["attempts"]) == ("errored", 1)
     assert stats.unmatched_results == 1
     assert (stats.input_tokens, stats.new_input_tokens) == (20, 10)  # the carried row was paid for before
-    assert stats.errors == {"errored/http_500": 1} and stats.error_examples == {"errored/http_500": "errored here"}
+    assert stats.errors == {"errored/http_500": 1} and stats.error_messages == {"errored/http_500": "errored here"}

@@ -206,7 +206,7 @@ def assert_exactly_once(outcome: Outcome, reference: Outcome | None) -> None:
     batch_of = {cid: b["id"] for b in batches for cid in b["custom_ids"]}
     assert table.column("batch_id").to_pylist() == [batch_of[cid] for cid in ids]
     files = sorted(p.name for p in outcome.output_dir.iterdir())
-    assert files == ["_SUMMARY.json", *(f"part-{i:05d}.parquet" for i in range(NUM_CHUNKS))], files
+    assert files == ["_REPORT.html", "_SUMMARY.json", *(f"part-{i:05d}.parquet" for i in range(NUM_CHUNKS))], files
     summary_file = json.loads((outcome.output_dir / "_SUMMARY.json").read_text())
     assert summary_file["rows"] == ROWS and sorted(summary_file["batch_ids"]) == sorted(b["id"] for b in batches)
     if reference is not None:

@@ -11,6 +11,7 @@ from airflow_batch_provider.exceptions import (
     BatchPollError,
     BatchTimeoutError,
 )
+from airflow_batch_provider.progress import PROGRESS_KEY, progress_base
 from airflow_batch_provider.sensors.batch import BatchCompleteSensor, default_deferrable
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
@@ -48,6 +49,31 @@ def test_poke_mode_when_not_deferrable(openai_hook, tmp_path):
     submitted = openai_hook.submit(write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]), metadata={})
     result = _sensor(submitted, deferrable=False).execute(make_context())
     assert result["state"]["status"] == "completed"
+
+
+def test_each_look_at_the_batch_publishes_its_progress_for_the_view(openai_conn, openai_hook, tmp_path):
+    """Poke mode publishes every poll; deferring hands the trigger the chunk's fixed progress fields."""
+    openai_conn.set_faults(slow=1.0)
+    rows = [{"custom_id": f"a{i}", "text": f"x{i}"} for i in range(50)]
+    submitted = openai_hook.submit(write_chunk(tmp_path, rows), metadata={})
+    context = make_context()
+    _sensor(submitted, deferrable=False).execute(context)
+    records = [value for key, value in context["ti"].pushed if key == PROGRESS_KEY]
+    assert len(records) >= 2
+    assert [r["completed"] for r in records] == sorted(r["completed"] for r in records)
+    last = records[-1]
+    assert (last["status"], last["completed"], last["total"]) == ("completed", 50, 50)
+    assert last["batch_id"] == submitted["batch_id"] and last["chunk_index"] == 0 and last["label"]
+    assert last["console_url"] is None  # the emulator is not the provider's own API host: no console
+    assert last["created_at"] and last["ended_at"] >= last["created_at"]
+    assert not any(key in last for key in ("body", "response", "messages"))
+
+    openai_conn.set_faults(slow=30.0)
+    again = openai_hook.submit(write_chunk(tmp_path / "b", rows[:1]), metadata={})
+    with pytest.raises(TaskDeferred) as info:
+        _sensor(again, deferrable=True).execute(make_context())
+    assert info.value.trigger.progress == {**progress_base(again, 1)}
+    openai_hook.cancel(again["batch_id"])
 
 
 def test_validation_failure_raises_with_provider_codes(openai_conn, openai_hook, tmp_path):

@@ -1,0 +1,152 @@
+"""SQS backend (boto3): visibility timeouts as claims, receipt handles as acks, a ``<name>-dead`` queue.
+
+Credentials come from boto3's default chain (environment, shared config, instance role) so no
+secret ever sits in a DAG or an XCom; ``endpoint_url`` points at another endpoint (moto's
+server in tests and demos). SQS hands out at most 10 messages per call, so ``receive`` loops;
+``ack`` deletes in batches of 10. A receipt handle is only valid for its own delivery: if a
+claim expired and the message went to someone else, the delete fails, the message comes back
+once more, and the idempotent output absorbs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+from airflow_batch_provider.intake.queues.base import BatchQueue, Delivery, QueueStats
+
+log = logging.getLogger(__name__)
+
+SQS_BATCH = 10
+
+
+class SqsQueue(BatchQueue):
+    """An SQS standard queue (created if missing) and its dead-letter queue ``<name>-dead``."""
+
+    backend = "sqs"
+
+    def __init__(self, name: str, *, endpoint_url: str | None = None, region_name: str = "us-east-1") -> None:
+        super().__init__(name)
+        self.endpoint_url = endpoint_url
+        self.region_name = region_name
+
+    @cached_property
+    def client(self) -> Any:
+        """The boto3 SQS client (boto3 is imported here only: it is an optional dependency)."""
+        import boto3
+
+        return boto3.client("sqs", endpoint_url=self.endpoint_url, region_name=self.region_name)
+
+    @cached_property
+    def url(self) -> str:
+        """The queue URL (create_queue is idempotent for the same attributes)."""
+        return str(self.client.create_queue(QueueName=self.name)["QueueUrl"])
+
+    @cached_property
+    def dead_url(self) -> str:
+        """The dead-letter queue's URL."""
+        return str(self.client.create_queue(QueueName=f"{self.name}-dead")["QueueUrl"])
+
+    def send(self, body: bytes) -> str:
+        """Enqueue one message."""
+        answer = self.client.send_message(QueueUrl=self.url, MessageBody=body.decode("utf-8"))
+        return str(answer["MessageId"])
+
+    def stats(self) -> QueueStats:
+        """Depth = visible + in flight (SQS's approximate counts)."""
+        names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        attrs = self.client.get_queue_attributes(QueueUrl=self.url, AttributeNames=names)["Attributes"]
+        waiting = int(attrs.get(names[0], 0))
+        return QueueStats(depth=waiting + int(attrs.get(names[1], 0)), waiting=waiting)
+
+    def receive(self, max_items: int, claim_seconds: float) -> list[Delivery]:
+        """Receive up to ``max_items`` (10 per call) with a visibility timeout of ``claim_seconds``."""
+        out: list[Delivery] = []
+        while len(out) < max_items:
+            answer = self.client.receive_message(
+                QueueUrl=self.url,
+                MaxNumberOfMessages=min(SQS_BATCH, max_items - len(out)),
+                VisibilityTimeout=max(1, round(claim_seconds)),
+                WaitTimeSeconds=0,
+                AttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
+            )
+            messages = answer.get("Messages", [])
+            if not messages:  # a short poll may return fewer than asked; only an empty answer means "none left"
+                break
+            out.extend(_delivery(m) for m in messages)
+        return out
+
+    def ack(self, receipts: Sequence[str]) -> None:
+        """Delete claimed messages, 10 per call; a failed delete is logged (the message will come back)."""
+        for start in range(0, len(receipts), SQS_BATCH):
+            entries = [{"Id": str(i), "ReceiptHandle": r} for i, r in enumerate(receipts[start : start + SQS_BATCH])]
+            answer = self.client.delete_message_batch(QueueUrl=self.url, Entries=entries)
+            for failed in answer.get("Failed", []):
+                log.warning(
+                    "queue %s: could not delete a message (%s: %s); it will be delivered again and its "
+                    "result rewritten under the same request id",
+                    self.name,
+                    failed.get("Code"),
+                    failed.get("Message"),
+                )
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Send the body to ``<name>-dead`` with ``reason`` as a message attribute, then delete it here."""
+        attributes = {
+            "reason": {"DataType": "String", "StringValue": reason[:1000]},
+            "message_id": {"DataType": "String", "StringValue": delivery.message_id},
+            "attempts": {"DataType": "Number", "StringValue": str(delivery.attempts)},
+        }
+        body = delivery.body.decode("utf-8", errors="replace") or "(empty message)"
+        self.client.send_message(QueueUrl=self.dead_url, MessageBody=body, MessageAttributes=attributes)
+        self.ack([delivery.receipt])
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """Read the dead-letter queue (claims them briefly; they stay there)."""
+        found: list[dict[str, Any]] = []
+        while True:
+            answer = self.client.receive_message(
+                QueueUrl=self.dead_url,
+                MaxNumberOfMessages=SQS_BATCH,
+                VisibilityTimeout=5,
+                MessageAttributeNames=["All"],
+            )
+            messages = answer.get("Messages", [])
+            if not messages:
+                return found
+            for m in messages:
+                attrs = m.get("MessageAttributes", {})
+                found.append(
+                    {
+                        "body": m["Body"].encode("utf-8"),
+                        "reason": attrs.get("reason", {}).get("StringValue", ""),
+                        "message_id": attrs.get("message_id", {}).get("StringValue", ""),
+                    }
+                )
+
+    def config(self) -> dict[str, Any]:
+        """Return backend, name, endpoint and region."""
+        return {"backend": "sqs", "name": self.name, "endpoint_url": self.endpoint_url, "region_name": self.region_name}
+
+    def delete(self) -> None:
+        """Delete both queues."""
+        for url in (self.url, self.dead_url):
+            self.client.delete_queue(QueueUrl=url)
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        if "client" in self.__dict__:
+            self.client.close()
+
+
+def _delivery(message: dict[str, Any]) -> Delivery:
+    attrs = message.get("Attributes", {})
+    return Delivery(
+        message_id=message["MessageId"],
+        body=message["Body"].encode("utf-8"),
+        receipt=message["ReceiptHandle"],
+        enqueued_at=int(attrs.get("SentTimestamp", 0)) / 1000,
+        attempts=int(attrs.get("ApproximateReceiveCount", 1)),
+    )

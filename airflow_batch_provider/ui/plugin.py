@@ -1,0 +1,36 @@
+"""The Airflow plugin that ships the "LLM batches" view (entry point ``airflow.plugins``).
+
+Registered through the ``airflow.plugins`` entry point, so installing the package is enough:
+Airflow loads entry-point plugins in every deployment, whereas plugins named in the provider
+metadata are only loaded when ``[core] lazy_discover_providers`` is off (and listing it in
+both places would register it twice). ``airflow plugins`` lists it as ``llm_batches``.
+
+The view is a FastAPI app (mounted by the api-server) shown through external views: an
+"LLM batches" entry in the navigation, and a tab on DAG run and task instance pages.
+"""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+
+from airflow_batch_provider.links import UI_PREFIX
+from airflow_batch_provider.ui.app import app
+
+_RUN = UI_PREFIX + "/runs/{DAG_ID}/{RUN_ID}"
+
+
+class LLMBatchesPlugin(AirflowPlugin):
+    """A view of every chunk's batch per DAG run, plus the run report."""
+
+    name = "llm_batches"
+    fastapi_apps = [{"app": app, "url_prefix": UI_PREFIX, "name": "LLM batches"}]
+    external_views = [
+        {"name": "LLM batches", "href": UI_PREFIX + "/", "destination": "nav", "url_route": "llm-batches"},
+        {"name": "LLM batches", "href": _RUN, "destination": "dag_run", "url_route": "llm-batches-run"},
+        {
+            "name": "LLM batches",
+            "href": _RUN + "?task_id={TASK_ID}&map_index={MAP_INDEX}",
+            "destination": "task_instance",
+            "url_route": "llm-batches-task",
+        },
+    ]

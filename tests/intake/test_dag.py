@@ -1,0 +1,100 @@
+"""The ``stream_intake`` DAG under ``dag.test()``: a group goes through chunk → server or batch → merge → ack.
+
+Real Redis / moto SQS, the emulator as both the self-hosted server and the OpenAI Batch API,
+SQLite as the results table. One group per DAG run; the queue is empty afterwards and the
+table has one row per accepted request id.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import orjson
+import pytest
+
+from airflow_batch_provider.intake.producer import BatchQueueProducer
+from tests.conftest import REPO_ROOT
+
+pytestmark = pytest.mark.stream
+
+
+@pytest.fixture
+def stream_env(openai_conn, tmp_path, monkeypatch, airflow_db):
+    db = str(tmp_path / "results.sqlite")
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW_CONN_STREAM_RESULTS_DB", json.dumps({"conn_type": "sqlite", "host": db}))
+    server = {"conn_type": "openai_compatible", "host": openai_conn.openai_base_url}
+    monkeypatch.setenv("AIRFLOW_CONN_OPENAI_COMPATIBLE_DEFAULT", json.dumps(server))
+    return db
+
+
+def _dag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["stream_intake"]
+
+
+def _rows(db):
+    with sqlite3.connect(db) as conn:
+        return list(conn.execute("SELECT custom_id, status, response FROM stream_results"))
+
+
+def test_dag_shape():
+    dag = _dag()
+    assert type(dag.timetable).__name__ == "ContinuousTimetable"  # schedule="@continuous"
+    assert dag.max_active_runs == 1
+    assert dag.get_task("ack_group").upstream_task_ids == {"merge", "collect_group"}
+    assert dag.get_task("server_generate").partial_kwargs["priority"] == 10
+
+
+@pytest.mark.parametrize(("route", "server_max", "path"), [("auto", 1000, "server"), ("auto", 10, "batch")])
+def test_one_group_through_the_pipeline(queue, stream_env, openai_conn, route, server_max, path):
+    producer = BatchQueueProducer(queue)
+    accepted = {producer.submit(f"question {i}") for i in range(30)}
+    queue.send(b'{"request_id": "broken"')  # malformed: dead-lettered, never blocks the group
+    conf = {
+        "queue": queue.config(),
+        "max_items": 64,
+        "max_wait": 0,
+        "route": route,
+        "server_max_requests": server_max,
+    }
+    run = _dag().test(run_conf=conf)
+    assert run.state == "success"
+    rows = _rows(stream_env)
+    assert {r[0] for r in rows} == accepted and len(rows) == 30
+    assert all(r[1] == "succeeded" and r[2] for r in rows)
+    assert queue.stats().depth == 0  # acknowledged after the merge wrote them
+    assert [orjson.loads(d["body"] + b"}") for d in queue.dead_letters()] == [{"request_id": "broken"}]
+    stats = openai_conn.stats()
+    if path == "server":
+        assert stats["realtime"]["requests"] == 30 and stats["openai"]["batches_created"] == 0
+    else:
+        assert stats["openai"]["batches_created"] == 1 and stats["realtime"]["requests"] == 0
+
+
+def test_a_group_whose_output_was_not_written_is_not_acknowledged_and_comes_back(queue, stream_env, monkeypatch):
+    """The merge cannot write (results DB in a missing folder): no ack; the next run redoes the group, once."""
+    producer = BatchQueueProducer(queue)
+    accepted = {producer.submit(f"question {i}") for i in range(10)}
+    conf = {"queue": queue.config(), "max_items": 64, "max_wait": 0, "route": "server", "claim_seconds": 2}
+    good = json.dumps({"conn_type": "sqlite", "host": stream_env})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STREAM_RESULTS_DB", json.dumps({"conn_type": "sqlite", "host": "/nonexistent/x.db"})
+    )
+    dag = _dag()
+    for task in dag.tasks:
+        task.retries = 0  # fail at once instead of waiting out the DAG's retry delay
+    failed = dag.test(run_conf=conf)
+    assert failed.state == "failed"
+    states = {ti.task_id: ti.state for ti in failed.get_task_instances()}
+    assert states["merge"] == "failed" and states["ack_group"] == "upstream_failed"
+    stats = queue.stats()
+    assert stats.depth == 10  # still claimed by the failed run, not acknowledged
+    monkeypatch.setenv("AIRFLOW_CONN_STREAM_RESULTS_DB", good)
+    again = _dag().test(run_conf=conf)  # a fresh parse (new sink); waits out the claim, takes the group again
+    assert again.state == "success"
+    rows = _rows(stream_env)
+    assert {r[0] for r in rows} == accepted and len(rows) == 10
+    assert queue.stats().depth == 0

@@ -1,0 +1,75 @@
+"""Fixtures of the browser suite: a real Airflow deployment and a headless Chromium driven by selenium.
+
+The deployment is the scheduler suite's (:class:`tests.scheduler.deployment.Deployment`: api-server,
+scheduler, dag-processor, triggerer on a throwaway PostgreSQL database, plus the emulator); the
+browser is Debian's ``chromium`` through ``chromium-driver`` (``make test`` installs both).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO_ROOT
+from tests.scheduler.deployment import Deployment
+from tests.scheduler.postgres import create_database, drop_database
+from tests.scheduler.processes import DeploymentError
+
+DAG_ID = "nightly_product_classification"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+NO_ROLE_USER = "nobody"
+
+
+@pytest.fixture(scope="module")
+def ui_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    """Start Airflow plus the emulator on a throwaway PostgreSQL database; yield the handle."""
+    root = tmp_path_factory.mktemp("ui")
+    try:
+        database = create_database("abp_ui")
+    except Exception as exc:
+        pytest.fail(f"the browser suite needs PostgreSQL on 127.0.0.1:5432 (user postgres): {exc}")
+    deployment = Deployment(root, REPO_ROOT / "dags", database)
+    # "nobody" logs in but has no role: the simple auth manager refuses it every DAG (the 403 case).
+    deployment.env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = f"admin:admin,{NO_ROLE_USER}:"
+    try:
+        try:
+            deployment.start_emulator()
+            deployment.start()
+            deployment.wait_for_dag(DAG_ID)
+        except Exception as exc:
+            raise DeploymentError(f"the deployment did not start: {exc}\n\n{deployment.diagnostics()}") from exc
+        yield deployment
+    finally:
+        try:
+            deployment.stop()
+        finally:
+            drop_database(database)
+            shutil.rmtree(root / "jobs", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A headless Chromium with a fresh profile (root needs --no-sandbox), closed at the end."""
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not Path(path).exists():
+            pytest.fail(f"{path} is missing: `make test` installs Debian's chromium and chromium-driver")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run", "--window-size=1280,900"):  # fmt: skip
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
