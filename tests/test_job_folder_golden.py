@@ -8,7 +8,7 @@ rows again (every row carried: an empty request file, no batch). The digests wer
 first recorded with the code of 4f780af (main before the job folder had one owner) and
 re-recorded at the merge of the hardening branch (issue 13) for its intended changes only: the
 output parts and carry files gained the ``error_code`` column (all null here: every row
-succeeds), ``_SUMMARY.json`` gained ``truncated_rows``, the Anthropic run's default model became
+succeeds), the Anthropic run's default model became
 the priced ``claude-haiku-4-5`` (so its request lines, fingerprints, answers and cost figures
 changed), and ``chunks/manifest.json`` is now the final descriptor list (written last). Job
 folder names (run_id plus a hash) do not show: paths are normalised. Regenerate them only for an
