@@ -78,6 +78,8 @@ def test_every_default_model_of_the_example_dags_has_a_price(dagbag):
             providers = dag.params.get_param("provider").schema.get("enum") if "provider" in dag.params else None
             if "{{" not in task.model:
                 models = {task.model}
+            elif "default_models" not in task.model:  # "{{ params.model }}": the Param's default is the model
+                models = {dag.params["model"]}
             else:  # "{{ params.model or default_models[params.provider] }}"
                 assert not dag.params["model"], f"{dag.dag_id}: the model Param's default should be empty"
                 models = set(dag.user_defined_macros["default_models"].values())
