@@ -11,6 +11,20 @@ from typing import Any, Literal, NotRequired, TypedDict
 
 ResultStatus = Literal["succeeded", "errored", "expired", "canceled", "missing", "invalid_output"]
 
+#: Columns the merge appends to the source columns, in output order. The chunk step refuses a source
+#: column of the same name before anything is uploaded (the merge could not tell the two apart).
+RESULT_COLUMNS = (
+    "status",
+    "response",
+    "finish_reason",
+    "error",
+    "error_code",
+    "input_tokens",
+    "output_tokens",
+    "batch_id",
+    "attempts",
+)
+
 
 class ChunkDescriptor(TypedDict):
     """Describe one chunk written by ChunkOperator."""
@@ -42,6 +56,7 @@ class SubmittedBatch(ChunkDescriptor):
 
     batch_id: str
     input_file_id: NotRequired[str | None]
+    idempotency_key: NotRequired[str]  # the batch's key at the provider: the sensor cancels other batches with it
 
 
 class CompletedBatch(SubmittedBatch):

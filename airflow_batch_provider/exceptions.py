@@ -14,7 +14,9 @@ The hierarchy, drawn once so callers can catch at the right depth::
     │   ├── BatchFailedError           provider-side validation or processing failure
     │   └── BatchCancelledError        the batch was cancelled
     ├── ResultsError                   result files could not be read or joined back
-    └── TooManyFailuresError           merged, but some chunk has more failed rows than max_failure_ratio
+    ├── SinkError                      a merged part could not be written to (or read from) a sink
+    └── TooManyFailuresError           merged, but some chunk has more failed rows than max_failure_ratio;
+                                       never retried
 """
 
 from __future__ import annotations
@@ -98,11 +100,25 @@ class BatchCancelledError(BatchEndedBadlyError):
 
 
 class ResultsError(BatchProviderError):
-    """Report result files that cannot be read or joined back onto the source rows."""
+    """Report result files that cannot be read or joined back onto the source rows.
+
+    ``line`` is the 1-based line of the result block or file at fault, when one is known.
+    """
+
+    def __init__(self, message: str, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
-class TooManyFailuresError(BatchProviderError):
+class SinkError(BatchProviderError):
+    """A merged part could not be written to (or read from) the sink; the message names table and chunk."""
+
+
+class TooManyFailuresError(BatchProviderError, AirflowFailException):
     """Report chunks whose failed rows exceed ``max_failure_ratio``; every part file was still written.
+
+    A verdict on the data, like InvalidInputError: merging the same results again gives the same
+    answer, so the task fails at once instead of downloading everything again on each retry.
 
     ``chunks`` holds one dict per offending chunk: ``label``, ``chunk_index``, ``rows``, ``failed``,
     ``ratio`` and ``top_errors`` (``[(description, count), ...]``).

@@ -53,7 +53,8 @@ _OPENAI_COMPATIBLE_FIELDS: dict[str, Any] = {
     "headers": {
         "label": "Extra headers",
         "schema": {"type": ["string", "null"]},
-        "description": 'Extra HTTP headers sent with every request, as a JSON object (e.g. {"X-Team": "ml"}).',
+        "description": 'Extra HTTP headers sent with every request, as a JSON object (e.g. {"X-Team": "ml"}); '
+        "their values are masked in logs.",
     },
 }
 

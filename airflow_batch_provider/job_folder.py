@@ -1,6 +1,7 @@
 """Every path under a job folder and an output folder: the on-disk contract between the stages.
 
-One job folder per ChunkOperator run; each stage writes only its own part of it::
+One job folder per ChunkOperator run (by default ``<work dir>/<dag_id>/<run folder>/<task_id>``,
+see :func:`default_job_dir`); each stage writes only its own part of it::
 
     job_dir/
       chunks/                                 the chunk step's output, published whole (see below)
@@ -12,7 +13,8 @@ One job folder per ChunkOperator run; each stage writes only its own part of it:
       .staging-<hex>/                         the chunk step at work: the same names as chunks/
       .old-chunks-<hex>/                      a replaced chunks/ folder, being removed
       retries/chunk-00000.attempt-2.jsonl     the lines attempt 1 left retryable (line retries)
-      retries/cancelled/<batch_id>.json       "we cancelled this batch" markers
+      retries/cancelled/<batch_id>.json       "we cancelled this batch" markers (id made safe: batch_file_name)
+      retries/chunk-00000.resend.jsonl        the rows a self-hosted retry sends again (removed after)
       results/chunk-00000.output.jsonl        answers of self-hosted generation (vLLM, servers)
       results/chunk-00000.output.meta.json    ... and the sidecar that says the file is complete
       merged.json                             written once the run merged; its request bodies removed
@@ -26,11 +28,17 @@ The chunk step writes into a staging folder and moves it to ``chunks/`` only whe
 the manifest last, is there; published files are never rewritten. Paths may be local or any
 ``ObjectStoragePath`` URL. This module imports nothing above :mod:`airflow_batch_provider.utils`,
 so publishing and retention code can use it too.
+
+Names that come from outside never reach a path as they are: a run_id becomes a readable folder
+name plus 8 hex of its hash (:func:`run_folder_name`), a provider's batch id a safe file name
+(:func:`batch_file_name`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import uuid
 
 from airflow_batch_provider.utils.storage import AnyPath, to_path
@@ -45,6 +53,54 @@ SUMMARY_NAME = "_SUMMARY.json"
 MERGED_NAME = "merged.json"
 STAGING_PREFIX = ".staging-"
 REPLACED_PREFIX = f".old-{CHUNKS_DIR}-"
+WORK_DIR_ENV = "AIRFLOW_BATCH_WORK_DIR"
+_UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+_PLAIN_BATCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def default_work_dir() -> str:
+    """Return ``$AIRFLOW_BATCH_WORK_DIR``, else ``$AIRFLOW_HOME/batch_jobs`` (``~/airflow`` when unset)."""
+    configured = os.environ.get(WORK_DIR_ENV)
+    if configured:
+        return configured
+    home = os.environ.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
+    return os.path.join(home, "batch_jobs")
+
+
+def sanitise_path_part(text: str) -> str:
+    """Return ``text`` with every run of characters outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
+    cleaned = _UNSAFE_PATH_CHARS.sub("_", text).strip("._")
+    return cleaned or "_"
+
+
+def run_folder_name(run_id: str) -> str:
+    """Return a readable folder name that is unique per run_id: the cleaned run_id plus 8 hex of its hash.
+
+    Cleaning alone maps ``a:b``, ``a+b``, ``a/b`` and ``a_b`` to one name (Airflow's run_id pattern
+    allows ``:``, ``+`` and ``~``), and two runs would then share — and overwrite — one job folder.
+    """
+    digest = hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:8]
+    return f"{sanitise_path_part(run_id)[:120]}-{digest}"
+
+
+def default_job_dir(dag_id: str, run_id: str, task_dir: str) -> str:
+    """Return the default job folder: ``<work dir>/<dag_id>/<run folder>/<task_dir>`` (every part made safe)."""
+    return os.path.join(
+        default_work_dir(), sanitise_path_part(dag_id), run_folder_name(run_id), sanitise_path_part(task_dir)
+    )
+
+
+def batch_file_name(batch_id: str) -> str:
+    """Return a file name for a provider-supplied ``batch_id`` that cannot leave its folder.
+
+    Ids such as ``batch_abc123`` or ``msgbatch_01…`` are used as they are. Anything else (``../../x``,
+    an ARN with ``/`` and ``:``, an over-long id) is cleaned to ``[A-Za-z0-9_-]`` and given 12 hex of
+    its sha256, so two different ids never share a file.
+    """
+    if _PLAIN_BATCH_ID.fullmatch(batch_id) and ".." not in batch_id:
+        return batch_id
+    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "_", batch_id).strip("_")[:80] or "batch"
+    return f"{cleaned}-{hashlib.sha256(batch_id.encode('utf-8')).hexdigest()[:12]}"
 
 
 def chunk_stem(index: int) -> str:
@@ -117,9 +173,13 @@ class JobFolder:
         """Return the requests file of a chunk's follow-up batch ``attempt`` (2, 3 ...)."""
         return self.path / RETRIES_DIR / f"{chunk_stem(chunk_index)}.attempt-{int(attempt)}.jsonl"
 
+    def resend_requests(self, chunk_index: int) -> AnyPath:
+        """Return the requests file of the rows a self-hosted retry sends again (those that failed retryably)."""
+        return self.path / RETRIES_DIR / f"{chunk_stem(chunk_index)}.resend.jsonl"
+
     def cancel_marker(self, batch_id: str) -> AnyPath:
-        """Return the marker that says this package cancelled ``batch_id``."""
-        return self.path / RETRIES_DIR / CANCELLED_DIR / f"{batch_id}.json"
+        """Return the marker that says this package cancelled ``batch_id`` (the id made a safe file name)."""
+        return self.path / RETRIES_DIR / CANCELLED_DIR / f"{batch_file_name(batch_id)}.json"
 
     def retry_requests_of(self, chunk_index: int) -> list[AnyPath]:
         """Return every follow-up requests file of chunk ``chunk_index`` that exists (attempts 2, 3 ...)."""

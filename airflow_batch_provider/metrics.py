@@ -24,6 +24,8 @@ REQUESTS_IN_FLIGHT = f"{PREFIX}.requests_in_flight"
 CHUNKS_WAITING = f"{PREFIX}.chunks_waiting"
 BATCH_FILL_RATE = f"{PREFIX}.batch_fill_rate"
 RESULTS = f"{PREFIX}.results"  # .<status>
+TRUNCATED = f"{PREFIX}.truncated_answers"
+DUPLICATES_CANCELLED = f"{PREFIX}.duplicate_batches_cancelled"
 BATCHES = f"{PREFIX}.batches"  # .<terminal status>
 INPUT_TOKENS = f"{PREFIX}.tokens.input"
 OUTPUT_TOKENS = f"{PREFIX}.tokens.output"
@@ -133,6 +135,16 @@ class BatchMetrics:
         for status, count in sorted(counts.items()):
             if count:
                 self._emit("incr", f"{RESULTS}.{status}", count)
+
+    def truncated_answers(self, count: int) -> None:
+        """Count merged answers cut off at max_tokens (``finish_reason`` ``length``), text or structured."""
+        if count:
+            self._emit("incr", TRUNCATED, count)
+
+    def duplicates_cancelled(self, count: int) -> None:
+        """Count batches cancelled because another batch of the same chunk (same idempotency key) is followed."""
+        if count:
+            self._emit("incr", DUPLICATES_CANCELLED, count)
 
     def batch_ended(self, status: str) -> None:
         """Count one batch reaching a terminal status: ``llm_batch.batches.<status>`` (alert on failed)."""

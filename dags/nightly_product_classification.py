@@ -18,6 +18,7 @@ day), then one a day; larger jobs run only when triggered with a larger ``rows``
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,7 +44,11 @@ CLASSIFIED_PRODUCTS = Asset(name="classified_products", uri="file:///llm-batch/c
 
 
 def alert_on_failure(context: dict[str, Any]) -> None:
-    """Route batch failures: the typed errors say what ended badly (swap the log for a notifier)."""
+    """Route batch failures: the typed errors say what ended badly (swap the log for a notifier).
+
+    The task SDK's ``RuntimeTaskInstance`` has no ``log`` attribute: a callback logs through a
+    standard logger, which Airflow routes to the task's log.
+    """
     from airflow_batch_provider.exceptions import BatchEndedBadlyError, CostLimitExceededError, TooManyFailuresError
 
     error = context.get("exception")
@@ -56,12 +61,16 @@ def alert_on_failure(context: dict[str, Any]) -> None:
         kind = "cost guard"
     else:
         kind = type(error).__name__
-    ti.log.error("ALERT %s.%s[%s]: %s — %s", ti.dag_id, ti.task_id, ti.map_index, kind, error)
+    logging.getLogger("airflow.task").error(
+        "ALERT %s.%s[%s]: %s — %s", ti.dag_id, ti.task_id, ti.map_index, kind, error
+    )
 
 
+# Each is in the built-in price table (airflow_batch_provider.cost.pricing), so the cost guard and
+# the cost lines work out of the box; tests/test_dags.py checks every example default has a price.
 DEFAULT_MODELS = {
     "openai": "gpt-4o-mini",
-    "anthropic": "claude-haiku-5-5",
+    "anthropic": "claude-haiku-4-5",
     "bedrock": "anthropic.claude-3-5-haiku-20241022-v1:0",
 }
 
@@ -108,7 +117,7 @@ with DAG(
         "model": Param(
             "",
             type="string",
-            description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-5-5 (Anthropic) / "
+            description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-4-5 (Anthropic) / "
             "anthropic.claude-3-5-haiku-20241022-v1:0 (Bedrock).",
         ),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
@@ -121,6 +130,13 @@ with DAG(
         "conn_id": Param("", type="string", description="Empty: the provider hook's default connection."),
         "max_cost_usd": Param(
             None, type=["null", "number"], description="Fail before uploading if the estimated cost exceeds this."
+        ),
+        "max_failure_ratio": Param(
+            0.05,
+            type=["null", "number"],
+            minimum=0,
+            maximum=1,
+            description="Fail the merge when more than this share of a chunk's rows did not succeed; null: never.",
         ),
         "poll_interval": Param(30, type="number", minimum=0.1, description="Seconds between status polls."),
         "chunk_size": Param(
@@ -178,5 +194,6 @@ with DAG(
         batches=completed.output,
         conn_id="{{ params.conn_id }}",
         output_dir=OUTPUT_DIR,
+        max_failure_ratio="{{ params.max_failure_ratio }}",
         outlets=[CLASSIFIED_PRODUCTS],
     )

@@ -40,6 +40,8 @@ def test_example_dag_shape(dagbag):
     dag = dagbag.dags["nightly_product_classification"]
     assert set(dag.task_ids) == {"make_products", "chunk", "submit", "wait", "merge"}
     assert dag.params["rows"] == 100
+    assert dag.params["max_failure_ratio"] == 0.05
+    assert dag.get_task("merge").max_failure_ratio == "{{ params.max_failure_ratio }}"
     (outlet,) = dag.get_task("merge").outlets  # downstream DAGs can be scheduled on the merged output
     assert outlet.name == "classified_products"
     assert dag.get_task("chunk").skip_unchanged is True
@@ -57,6 +59,52 @@ def test_unpausing_a_dag_never_starts_a_large_job(dagbag):
         rows = dag.params.get("rows", dag.params.get("max_items"))
         assert rows is not None, f"{dag.dag_id} is scheduled but has no rows Param: say what its runs send"
         assert rows < 10_000, f"{dag.dag_id}: unpausing it would start a scheduled run of {rows:,} rows"
+
+
+def test_every_default_model_of_the_example_dags_has_a_price(dagbag):
+    """Every model a paid batch API gets by default: otherwise a run shows cost "n/a" and max_cost_usd
+    fails with "no price known"."""
+    from airflow_batch_provider.cost.pricing import load_pricing
+    from airflow_batch_provider.operators.chunk import ChunkOperator
+
+    pricing = load_pricing()
+    checked = set()
+    for dag in dagbag.dags.values():
+        if not any(task.task_type == "SubmitBatchOperator" for task in dag.tasks):  # mapped ones too
+            continue  # self-hosted models run on your own GPUs: no price list applies
+        for task in dag.tasks:
+            if not isinstance(task, ChunkOperator):
+                continue
+            providers = dag.params.get_param("provider").schema.get("enum") if "provider" in dag.params else None
+            if "{{" not in task.model:
+                models = {task.model}
+            elif "default_models" not in task.model:  # "{{ params.model }}": the Param's default is the model
+                models = {dag.params["model"]}
+            else:  # "{{ params.model or default_models[params.provider] }}"
+                assert not dag.params["model"], f"{dag.dag_id}: the model Param's default should be empty"
+                models = set(dag.user_defined_macros["default_models"].values())
+                assert set(dag.user_defined_macros["default_models"]) == set(providers or [])
+            for model in models:
+                assert pricing.get(model) is not None, f"{dag.dag_id}.{task.task_id}: no price for {model!r}"
+                checked.add(model)
+    assert {"gpt-4o-mini", "claude-haiku-4-5"} <= checked
+
+
+@pytest.mark.scenario
+def test_max_failure_ratio_param_reaches_the_merge(airflow_db, openai_conn, tmp_path, monkeypatch):
+    """3% truncated answers pass the default 0.05 (see above) but not a Param of 0.01; null turns it off."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    openai_conn.set_faults(truncate_rate=0.03)
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
+    conf = {"rows": 800, "data_dir": str(tmp_path / "data"), "poll_interval": 0.2, "max_failure_ratio": 0.01}
+    run = dag.test(run_conf={**conf, "output_dir": str(tmp_path / "strict")})
+    assert run.state == "failed"
+    assert {ti.task_id: ti.state for ti in run.get_task_instances()}["merge"] == "failed"
+    assert (tmp_path / "strict" / "_SUMMARY.json").exists()  # everything written before the verdict
+    lenient = dag.test(run_conf={**conf, "max_failure_ratio": None, "output_dir": str(tmp_path / "lenient")})
+    assert lenient.state == "success"
 
 
 @pytest.mark.scenario
@@ -100,8 +148,9 @@ def test_example_dag_end_to_end(airflow_db, openai_conn, anthropic_conn, provide
 
 
 @pytest.mark.scenario
-def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp_path, monkeypatch):
-    """max_cost_usd below the estimate: the chunk task fails and the provider never sees a file."""
+def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp_path, monkeypatch, capsys, caplog):
+    """max_cost_usd below the estimate: the chunk task fails, the provider never sees a file, and the
+    DAG's failure callback logs its alert (the task SDK's RuntimeTaskInstance has no ``ti.log``)."""
     from airflow.dag_processing.dagbag import DagBag
 
     monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
@@ -117,6 +166,12 @@ def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp
     assert run.state == "failed"
     stats = openai_conn.stats()["openai"]
     assert stats["files_uploaded"] == 0 and stats["batches_created"] == 0
+    logged = capsys.readouterr()  # task logs reach stdout (structlog) or the logging capture, by test order
+    logged_text = logged.out + logged.err + caplog.text
+    assert (
+        "ALERT nightly_product_classification.chunk[-1]: cost guard — " in logged_text and "max_cost_usd" in logged_text
+    )
+    assert "Failed to run task callback" not in logged_text and "AttributeError" not in logged_text
 
 
 @pytest.mark.scenario
@@ -156,6 +211,38 @@ def test_reprocessing_sends_only_what_changed(airflow_db, openai_conn, tmp_path,
     assert {m["custom_id"] for m in grown if m["attempts"] == 1} == {m["custom_id"] for m in grown[2000:]}
     sent, _ = run(3000, 2)
     assert sent == 3000
+
+
+@pytest.mark.scenario
+def test_truncated_answers_are_final_reported_by_kind_and_not_paid_for_again(
+    airflow_db, openai_conn, tmp_path, monkeypatch
+):
+    """3% of answers cut off at max_tokens: invalid_output saying finish_reason=length, grouped as one
+    error kind, counted in the summary; the same run again sends nothing (same request, same answer)."""
+    import orjson
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    openai_conn.set_faults(truncate_rate=0.03)
+    dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
+    out = tmp_path / "out"
+    conf = {"rows": 1500, "data_dir": str(tmp_path / "data"), "output_dir": str(out), "poll_interval": 0.2}
+    assert dag.test(run_conf=conf).state == "success"
+    first = pq.read_table(out).to_pylist()
+    cut = [m for m in first if m["finish_reason"] == "length"]
+    assert 20 < len(cut) < 80
+    assert {(m["status"], m["error_code"]) for m in cut} == {("invalid_output", "truncated")}
+    assert all("finish_reason=length" in m["error"] for m in cut)
+    summary = orjson.loads((out / "_SUMMARY.json").read_bytes())
+    assert summary["truncated_rows"] == len(cut)
+    ((kind, count),) = summary["top_errors"]
+    assert kind.startswith("invalid_output/truncated: answer cut off at max_tokens") and count == len(cut)
+    before = openai_conn.stats()["openai"]["requests_processed"]
+    assert dag.test(run_conf=conf).state == "success"
+    assert openai_conn.stats()["openai"]["requests_processed"] == before  # nothing paid for twice
+    again = orjson.loads((out / "_SUMMARY.json").read_bytes())
+    assert again["requests_sent"] == 0 and again["carried_rows"] == 1500
+    assert pq.read_table(out).column("status").to_pylist() == [m["status"] for m in first]
 
 
 class _RecordingStats:

@@ -79,7 +79,7 @@ def test_common_environment_configures_celery_postgres_and_redis(compose, servic
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
     assert env["AIRFLOW_BATCH_WORK_DIR"] == "/opt/airflow/batch_jobs"
     assert "AIRFLOW_CONN_OPENAI_COMPATIBLE_DEFAULT" in env
-    for name in [*AIRFLOW_SERVICES, "emulator"]:
+    for name in AIRFLOW_SERVICES:  # the emulator needs none of it (see the emulator test)
         service_env = services[name]["environment"]
         assert service_env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor", name
         # Every component shares one JWT secret, or workers cannot talk to the execution API.
@@ -184,3 +184,35 @@ def test_dockerfiles_install_the_provider_from_the_repository(name, package):
     assert package in words
     ignore = (DOCKER / f"{name}.dockerignore").read_text().split("\n")
     assert "*" in ignore and "!airflow_batch_provider/" in ignore and "!dags/" in ignore
+
+
+def test_secrets_are_required_not_defaulted(compose):
+    """A public default JWT secret or an empty Fernet key must never be what a deployment runs with."""
+    env = compose["x-airflow-common"]["environment"]
+    for name, variable in (
+        ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW_JWT_SECRET"),
+        ("AIRFLOW__CORE__FERNET_KEY", "AIRFLOW_FERNET_KEY"),
+    ):
+        assert re.fullmatch(rf"\$\{{{variable}:\?set {variable} in docker/\.env.*\}}", env[name]), env[name]
+
+
+def test_docker_env_file_is_git_ignored():
+    import subprocess
+
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "docker/.env"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
+    assert ignored.returncode == 0 and ignored.stdout.strip() == "docker/.env"
+
+
+def test_vllm_server_image_is_pinned(services):
+    image = services["vllm-server"]["image"]
+    assert re.fullmatch(r"vllm/vllm-openai:\$\{VLLM_IMAGE_TAG:-v\d+\.\d+\.\d+\}", image), image
+
+
+def test_emulator_service_gets_no_airflow_settings_secrets_or_volumes(services):
+    emulator = services["emulator"]
+    env = emulator.get("environment") or {}
+    assert not [key for key in env if key.startswith(("AIRFLOW", "OPENAI", "ANTHROPIC", "HF_"))], env
+    assert "volumes" not in emulator and emulator.get("cap_drop") == ["ALL"]
+    assert all(port.startswith("127.0.0.1:") for port in emulator["ports"])

@@ -5,8 +5,14 @@ folder and under the merge's output folder after two runs of ``nightly_product_c
 per provider: 1,200 rows, then 1,500 rows into the same output, so ``skip_unchanged`` carries the
 first 1,200 rows (a carry file and a filtered request file of 300 new rows), then the same 1,500
 rows again (every row carried: an empty request file, no batch). The digests were
-recorded with the code of 4f780af (main before the job folder had one owner); regenerate them only
-for an intended format change: ``ABP_RECORD_GOLDEN=1 pytest tests/test_job_folder_golden.py``.
+first recorded with the code of 4f780af (main before the job folder had one owner) and
+re-recorded at the merge of the hardening branch (issue 13) for its intended changes only: the
+output parts and carry files gained the ``error_code`` column (all null here: every row
+succeeds), the Anthropic run's default model became
+the priced ``claude-haiku-4-5`` (so its request lines, fingerprints, answers and cost figures
+changed), and ``chunks/manifest.json`` is now the final descriptor list (written last). Job
+folder names (run_id plus a hash) do not show: paths are normalised. Regenerate them only for an
+intended format change: ``ABP_RECORD_GOLDEN=1 pytest tests/test_job_folder_golden.py``.
 
 What is compared, and why it is deterministic:
 
@@ -22,10 +28,9 @@ What is compared, and why it is deterministic:
   so ids are taken in task order, not in the order its worker happens to finish batches. The
   example DAG's chunk_size (10,000) gives one chunk per run: with several, ``dag.test()`` runs the
   mapped submit tasks in no fixed order and the batch ids would swap between chunks;
-- ``chunks/manifest.json`` is the one intended difference: 4f780af wrote it before the schema
-  file and the carried rows existed, so it lacked ``schema_path`` and the carry fields. It is
-  now written last and must equal the descriptors the chunk task returned (recorded too, as
-  normalised JSON), less the cost estimate that the operator adds after the chunk files exist.
+- ``chunks/manifest.json`` must also equal the descriptors the chunk task returned (recorded
+  too, as normalised JSON), less the cost estimate that the operator adds after the chunk files
+  exist.
 """
 
 from __future__ import annotations
@@ -165,10 +170,7 @@ def test_example_dag_files_are_byte_identical_to_the_recorded_run(
     for _, name in RUNS:
         run, expected = got[name], want[name]
         assert run["output"] == expected["output"], f"{name} run: the merged output changed"
-        manifest_digest = run["job_folder"].pop("chunks/manifest.json")
-        expected_files = dict(expected["job_folder"])
-        assert expected_files.pop("chunks/manifest.json") != manifest_digest  # the intended fix, see above
-        assert run["job_folder"] == expected_files, f"{name} run: a job folder file changed"
+        assert run["job_folder"] == expected["job_folder"], f"{name} run: a job folder file changed"
         assert run["chunk_descriptors"] == expected["chunk_descriptors"], f"{name} run: the descriptors changed"
         final = [{k: v for k, v in d.items() if k not in ESTIMATE_KEYS} for d in expected["chunk_descriptors"]]
         assert run["manifest"] == final, f"{name} run: manifest.json is not the final descriptors"

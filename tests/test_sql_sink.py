@@ -184,6 +184,43 @@ def test_a_part_with_new_columns_adds_them(backend: Backend) -> None:
     assert (rows["b"]["label"], rows["b"]["confidence"]) == ("toys", 0.5)
 
 
+def test_nul_characters_in_answers_are_written_by_the_documented_rule(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A model answer can hold U+0000: PostgreSQL text cannot, so the sink removes it there (and says so)."""
+    answers = ["plain", "nul\x00inside", "two\x00\x00nuls"]
+    part = merged_part(
+        ["a", "b", "c"],
+        response=answers,
+        tags=pa.array([["x\x00y"], ["ok"], []], pa.list_(pa.string())),
+        meta=pa.array([{"k": "v\x00"}, {"k": "v"}, {"k": None}], pa.struct([("k", pa.string())])),
+    )
+    caplog.set_level("WARNING")
+    assert backend.sink().write_part(part, 4) == 3
+    rows = {r["custom_id"]: r for r in backend.rows()}
+    if backend.name == "postgres":
+        assert [rows[k]["response"] for k in "abc"] == ["plain", "nulinside", "twonuls"]
+        assert rows["a"]["tags"] == ["xy"] and rows["a"]["meta"] == {"k": "v"}
+        assert f"chunk 4 → {backend.table}: removed NUL characters" in caplog.text
+        assert "from 4 value(s), e.g. in custom_id 'b'" in caplog.text
+    else:  # SQLite stores NUL as it is
+        assert [rows[k]["response"] for k in "abc"] == answers
+
+
+def test_a_column_type_change_is_refused_naming_the_column(backend: Backend) -> None:
+    """A job switched from chat to embeddings must not write '{0.1,…}' text into the TEXT column."""
+    sink = backend.sink()
+    sink.write_part(merged_part(["a", "b"]), 0)
+    vectors = pa.array([[0.1, 0.2], [0.3, 0.4]], pa.list_(pa.float32()))
+    with pytest.raises(SinkError, match=f"chunk 1 → {backend.table}: column 'response' is ") as info:
+        sink.write_part(merged_part(["a", "b"], response=vectors), 1)
+    assert "list<item: float>" in str(info.value) and "write to a new table" in str(info.value)
+    assert [r["response"] for r in backend.rows()] == ["ok a", "ok b"]  # nothing written
+    # Widening an integer column's values into an existing floating column is fine.
+    sink.write_part(merged_part(["c"], price=pa.array([3], pa.int64())), 2)
+    assert [r["price"] for r in backend.rows()][-1] == 3.0
+
+
 def test_an_existing_table_without_a_unique_key_is_refused(backend: Backend) -> None:
     sa.Table(backend.table, sa.MetaData(), sa.Column("custom_id", sa.Text), sa.Column("status", sa.Text)).create(
         backend.engine

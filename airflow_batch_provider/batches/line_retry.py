@@ -63,6 +63,7 @@ RETRYABLE_CODES = frozenset(
         "timeout_error",
         "request_timeout",
         "batch_expired",
+        "connection_error",  # self-hosted output lines: the server could not be reached
     }
 )
 _RETRYABLE_HTTP = frozenset({408, 409, 429})
@@ -81,6 +82,39 @@ def is_retryable(record: ResultRecord, *, cancelled_by_us: bool = False) -> bool
     if http is not None:
         return http in _RETRYABLE_HTTP or http >= 500
     return (record.get("error_code") or "") in RETRYABLE_CODES
+
+
+def output_error_code(record: ResultRecord) -> str | None:
+    """Return the ``error_code`` a failed row keeps in the merged output: the provider's code, else ``http_NNN``.
+
+    The output holds no HTTP status, so a code-less HTTP error keeps its status in the code; that
+    is enough for :func:`is_final_error_code` to judge the row on a later run.
+    """
+    if record["status"] == "succeeded":
+        return None
+    code = record.get("error_code")
+    http = record.get("http_status")
+    if http is None or http == 200:
+        return code
+    by_http = f"http_{http}"
+    # is_retryable judges a row with an HTTP status by the status alone: keep the verdict the same.
+    if not code or is_final_error_code(code) != is_final_error_code(by_http):
+        return by_http
+    return code
+
+
+def is_final_error_code(code: str | None) -> bool:
+    """Return True when an ``errored`` row with this output ``error_code`` would fail the same way again.
+
+    No code (nothing to judge by), an HTTP 408/409/429/5xx status and the codes of
+    :data:`RETRYABLE_CODES` are not final: such rows are sent again.
+    """
+    if not code:
+        return False
+    if code.startswith("http_") and code[5:].isdigit():
+        http = int(code[5:])
+        return not (http in _RETRYABLE_HTTP or http >= 500)
+    return code not in RETRYABLE_CODES
 
 
 def describe_failure(record: ResultRecord) -> str:

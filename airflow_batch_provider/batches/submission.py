@@ -21,6 +21,7 @@ from airflow_batch_provider.batches.token_budget import estimate_file_tokens, to
 from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
 from airflow_batch_provider.jobs.retention import require_requests_file
+from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.status import BatchStatus
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ def submit_once(
     metadata: Mapping[str, str],
     log: Any,
     prepare: Callable[[], Mapping[str, str]] | None = None,
+    metrics: BatchMetrics | None = None,
 ) -> SubmittedBatch:
     """Create ``chunk``'s batch at most once per ``checkpoint``; return the chunk plus its batch id.
 
@@ -98,7 +100,7 @@ def submit_once(
         state = hook.get_state(record["batch_id"])
         if state.status not in _DEAD:
             log.info("%s: reattaching to batch %s (%s)", chunk["label"], state.batch_id, state.provider_status)
-            return {**chunk, "batch_id": state.batch_id, "input_file_id": record.get("input_file_id")}
+            return _submitted(chunk, state.batch_id, record.get("input_file_id"), key)
         log.warning(
             "%s: batch %s from an earlier attempt ended %s; submitting a new one",
             chunk["label"],
@@ -118,13 +120,16 @@ def submit_once(
             hook.cancel(dup.batch_id)
         log.info("%s: found batch %s created by an earlier attempt", chunk["label"], keep.batch_id)
         checkpoint.save({**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": keep.batch_id})
-        return {**chunk, "batch_id": keep.batch_id, "input_file_id": (record or {}).get("input_file_id")}
+        return _submitted(chunk, keep.batch_id, (record or {}).get("input_file_id"), key)
 
     require_requests_file(chunk["requests_path"], chunk["label"])  # retention may have removed it
     extra_metadata = dict(prepare()) if prepare is not None else {}
     record = {"fingerprint": chunk["fingerprint"], "idempotency_key": key, "intent_at": time.time(), **(record or {})}
     checkpoint.save(record)  # the intent: from here on a retry must reconcile before submitting
-    return _create(hook, chunk, {**metadata, **extra_metadata}, record, checkpoint, log)
+    submitted, cancelled = _create(hook, chunk, {**metadata, **extra_metadata}, record, checkpoint, log)
+    if metrics is not None:
+        metrics.duplicates_cancelled(len(cancelled))
+    return submitted
 
 
 def submit_tagged(
@@ -171,7 +176,8 @@ def _create(
     record: dict[str, Any],
     checkpoint: Checkpoint,
     log: Any,
-) -> SubmittedBatch:
+) -> tuple[SubmittedBatch, list[str]]:
+    """Upload (unless done before) and create the batch; return it and the sibling batches cancelled after."""
     file_id = record.get("input_file_id")
     if file_id:
         log.info("%s: reusing uploaded file %s", chunk["label"], file_id)
@@ -182,4 +188,51 @@ def _create(
             checkpoint.save(record)
     batch_id = hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)
     checkpoint.save({**record, "batch_id": batch_id})
-    return {**chunk, "batch_id": batch_id, "input_file_id": file_id}
+    # Reconcile again: an orphaned attempt (its supervisor gone, its process alive) may still have
+    # had a create in flight when this attempt looked, and it may have landed since. The orphan
+    # itself never gets here: without its supervisor the checkpoint save above fails, so it cannot
+    # cancel the batch of the attempt Airflow follows.
+    key = metadata.get(IDEMPOTENCY_METADATA_KEY) or ""
+    cancelled = cancel_siblings(hook, chunk, key, batch_id, since=record.get("intent_at"), log=log) if key else []
+    return _submitted(chunk, batch_id, file_id, key), cancelled
+
+
+def _submitted(chunk: ChunkDescriptor, batch_id: str, file_id: str | None, key: str) -> SubmittedBatch:
+    return {**chunk, "batch_id": batch_id, "input_file_id": file_id, "idempotency_key": key}
+
+
+def cancel_siblings(
+    hook: BatchHook, chunk: ChunkDescriptor, key: str, keep: str, *, since: float | None, log: Any
+) -> list[str]:
+    """Cancel every live batch with idempotency ``key`` except ``keep`` (the checkpointed one); return their ids.
+
+    Only for backends whose :meth:`~BatchHook.find_existing` matches on a stored key
+    (``exact_reconcile``): a guess must never cancel someone's batch. A sibling that already
+    finished cannot be cancelled any more (it was billed): it is logged, not counted.
+    """
+    if not hook.exact_reconcile:
+        return []
+    cancelled: list[str] = []
+    for state in hook.find_existing(key, chunk, since=since):
+        if state.batch_id == keep or state.status in _DEAD:
+            continue
+        if state.status.is_terminal:
+            log.warning(
+                "%s: batch %s has the same idempotency key as batch %s but already ended %s; it was billed, "
+                "and its results are not used",
+                chunk["label"],
+                state.batch_id,
+                keep,
+                state.provider_status,
+            )
+            continue
+        log.warning(
+            "%s: cancelling batch %s: it has the same idempotency key as batch %s, which this task follows "
+            "(a create from an earlier, orphaned attempt landed after this one looked)",
+            chunk["label"],
+            state.batch_id,
+            keep,
+        )
+        hook.cancel(state.batch_id)
+        cancelled.append(state.batch_id)
+    return cancelled

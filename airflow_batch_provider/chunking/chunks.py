@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +34,12 @@ import pyarrow as pa
 
 from airflow_batch_provider.chunking.id_hashes import IdHashes
 from airflow_batch_provider.chunking.ids import IdBuilder, id_hashes, report_duplicates
-from airflow_batch_provider.chunking.incremental import SkipStats, apply_skip_unchanged, load_previous
+from airflow_batch_provider.chunking.incremental import (
+    DEFAULT_CARRY_STATUSES,
+    SkipStats,
+    apply_skip_unchanged,
+    load_previous,
+)
 from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
 from airflow_batch_provider.chunking.min_records import needs_rebalance, rebalance_tail
 from airflow_batch_provider.chunking.problems import RowProblems
@@ -123,6 +128,7 @@ def build_chunks(
     columns: Sequence[str] | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     previous_output: str | None = None,
+    carry_statuses: Collection[str] = DEFAULT_CARRY_STATUSES,
 ) -> ChunkResult:
     """Validate ``source`` and publish it as chunk files under ``job_dir/chunks``; return descriptors and totals.
 
@@ -133,17 +139,16 @@ def build_chunks(
     provider's safe cap). ``columns`` limits the source columns read and kept in the rows files
     (template and id columns are always kept). With ``spec.json_schema`` the schema is saved next
     to the chunks; with ``previous_output`` (a merged dataset) rows whose request did not change
-    keep their stored result instead of being sent (:mod:`airflow_batch_provider.chunking.incremental`).
-    Raises InvalidInputError (ChunkLimitError for size limits) naming the rows and columns at
-    fault; nothing is left in ``job_dir`` then.
+    keep their stored result, if its status is in ``carry_statuses``, instead of being sent
+    (:mod:`airflow_batch_provider.chunking.incremental`). Raises InvalidInputError (ChunkLimitError
+    for size limits) naming the rows and columns at fault; nothing is left in ``job_dir`` then.
     """
     started = time.monotonic()
     chunk_size = check_chunk_size(chunk_size, spec.provider)
     byte_cap = check_byte_cap(byte_cap, spec.provider)
     check_int("batch_rows", batch_rows, 1)
     prompt = template if isinstance(template, PromptTemplate) else PromptTemplate(template)
-    text_columns = [*prompt.fields, *([id_column] if id_column else [])]
-    reader = TableReader(source, batch_rows=batch_rows, string_columns=text_columns)
+    reader = TableReader(source, batch_rows=batch_rows, string_columns=[*prompt.fields, *filter(None, [id_column])])
     selected = select_columns(reader.schema(), prompt, id_column, columns)
 
     job = JobFolder(job_dir)
@@ -158,7 +163,7 @@ def build_chunks(
         with returning_memory():  # flat RSS: freed batch buffers go back to the OS at once
             num_rows = _write_table(reader, selected, prompt, renderer_for(spec), ids, writer, byte_cap)
             chunks = _rebalance_tail(staging, writer.finish(), spec.limits, byte_cap)
-        descriptors, skipped = _finish_staging(job, staging, spec, chunks, previous_output)
+        descriptors, skipped = _finish_staging(job, staging, spec, chunks, previous_output, carry_statuses)
         publish(job, staging)
     except BaseException:
         _discard(writer, staging, job if created_job_dir else None)
@@ -254,7 +259,12 @@ def _prepared(
 
 
 def _finish_staging(
-    job: JobFolder, staging: ChunkFiles, spec: RequestSpec, chunks: list[WrittenChunk], previous_output: str | None
+    job: JobFolder,
+    staging: ChunkFiles,
+    spec: RequestSpec,
+    chunks: list[WrittenChunk],
+    previous_output: str | None,
+    carry_statuses: Collection[str],
 ) -> tuple[list[ChunkDescriptor], SkipStats | None]:
     """Add the schema and the carried rows to the staging folder, then the manifest with the final descriptors."""
     descriptors = chunk_descriptors(job, spec, chunks)
@@ -262,7 +272,7 @@ def _finish_staging(
         descriptors = with_schema(descriptors, spec.json_schema, job, staging)
     skipped = None
     if previous_output:
-        previous = load_previous(previous_output)
+        previous = load_previous(previous_output, carry_statuses)
         descriptors, skipped = apply_skip_unchanged(descriptors, previous, staging, job.chunks)
     write_manifest(staging, descriptors)
     return descriptors, skipped

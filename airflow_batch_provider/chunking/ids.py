@@ -32,7 +32,7 @@ def derive_custom_id(user_id: str, separator: str = "-") -> str:
 
 
 class IdBuilder:
-    """Compute each row's custom_id and record null, empty or over-long ids."""
+    """Compute each row's custom_id and record null, NaN, empty or over-long ids."""
 
     def __init__(self, limits: ProviderLimits, id_column: str | None, hash_columns: Sequence[str]) -> None:
         self.limits = limits
@@ -56,9 +56,12 @@ class IdBuilder:
         name = self.id_column
         user = self.user_ids(batch)
         bad = pc.fill_null(pc.or_kleene(pc.is_null(user), pc.equal(pc.binary_length(user), 0)), False)
+        raw = batch.column(name)
+        if pa.types.is_floating(raw.type):  # NaN is a missing value too; as text it would be the id "nan"
+            bad = pc.or_(bad, pc.fill_null(pc.is_nan(raw), False))
         bad_rows = np.asarray(pc.indices_nonzero(bad))
         problems.add(
-            f"null or empty id in column {name!r}",
+            f"null, NaN or empty id in column {name!r}",
             bad_rows + offset,
             advice="Every row needs an id: fill or filter those rows, or leave id_column unset to hash the rows.",
         )

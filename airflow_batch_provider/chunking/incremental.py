@@ -2,13 +2,27 @@
 
 Every row carries a ``request_fingerprint`` (provider, endpoint and the rendered request without
 its custom_id). With ``skip_unchanged=True`` the chunk step compares each row with the previous
-merged output: a row whose custom_id already has a ``succeeded`` result for the same fingerprint
-is *carried*: its stored result is copied to the chunk's carry file and its request is dropped
+merged output: a row whose custom_id already has a *final* result for the same fingerprint is
+*carried*: its stored result is copied to the chunk's carry file and its request is dropped
 from the chunk's requests file, both in the chunk step's staging folder, before the manifest is
-written and the folder published (:mod:`airflow_batch_provider.chunking.staging`). The merge
-step puts carried results back, so the output still has one row per input row. A prompt change
-alters every fingerprint, so every row is sent again; new rows have no stored result, so only
-they are sent.
+written and the folder published (:mod:`airflow_batch_provider.chunking.staging`).
+
+Which stored results are final is set per status by ``carry_statuses`` (default
+:data:`DEFAULT_CARRY_STATUSES`): the same request sent again would give the same answer, so
+sending it again only pays twice.
+
+- ``succeeded``: the answer.
+- ``invalid_output``: an answer that failed the response schema (often cut off at max_tokens);
+  at temperature 0 the same request comes back the same. Change the request (a higher
+  ``max_tokens``, a new prompt) and its fingerprint changes, so it is sent again.
+- ``errored``, only when the error is final (a 400-class ``invalid_request_error``, an
+  authentication error: see :func:`~airflow_batch_provider.batches.line_retry.is_final_error_code`).
+  A retryable error (5xx, 429, ``server_error`` ...) or one without a code is never carried.
+- ``expired``, ``canceled`` and ``missing`` rows were never answered: never carried.
+
+The merge step puts carried results back, so the output still has one row per input row. A
+prompt change alters every fingerprint, so every row is sent again; new rows have no stored
+result, so only they are sent.
 
 The previous output is read before the merge overwrites it, so a crash in between loses nothing:
 the carry files hold the copies. Memory: the previous output's key columns plus the carried
@@ -19,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,13 +42,40 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from airflow_batch_provider.batches.line_retry import is_final_error_code
 from airflow_batch_provider.descriptors import ChunkDescriptor
+from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.job_folder import ChunkFiles, OutputFolder
 from airflow_batch_provider.utils.storage import AnyPath, to_path
 
 log = logging.getLogger(__name__)
 
-CARRIED_COLUMNS = ("status", "response", "finish_reason", "error", "input_tokens", "output_tokens", "batch_id")
+CARRIED_COLUMNS = (
+    "status",
+    "response",
+    "finish_reason",
+    "error",
+    "error_code",
+    "input_tokens",
+    "output_tokens",
+    "batch_id",
+)
+#: Statuses whose stored result ``skip_unchanged`` keeps by default (``errored``: final errors only).
+DEFAULT_CARRY_STATUSES = ("succeeded", "invalid_output", "errored")
+CARRYABLE_STATUSES = frozenset(DEFAULT_CARRY_STATUSES)
+
+
+def check_carry_statuses(statuses: Collection[str]) -> frozenset[str]:
+    """Return ``statuses`` as a set; raise InvalidInputError for one that can never be carried."""
+    chosen = frozenset(statuses) if not isinstance(statuses, str) else frozenset({statuses})
+    wrong = sorted(chosen - CARRYABLE_STATUSES)
+    if wrong or not chosen:
+        raise InvalidInputError(
+            f"carry_statuses={sorted(chosen)!r}: choose among {sorted(CARRYABLE_STATUSES)} "
+            f"(default {list(DEFAULT_CARRY_STATUSES)}). Rows that were never answered (expired, canceled, "
+            "missing) or failed retryably are always sent again."
+        )
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -55,8 +97,25 @@ def _keys(table: pa.Table) -> pa.Array:
     )
 
 
-def load_previous(output_dir: str) -> pa.Table | None:
-    """Return the succeeded rows of a previous merged output (key + result columns), or None."""
+def _final(table: pa.Table, statuses: frozenset[str]) -> pa.Array:
+    """Return which stored rows are final results under ``statuses`` (see the module docstring)."""
+    status = table.column("status")
+    keep = pc.is_in(status, value_set=pa.array(sorted(statuses - {"errored"}), pa.string()))
+    if "errored" in statuses and "error_code" in table.column_names:
+        codes = table.column("error_code").to_pylist()
+        final_error = pa.array([is_final_error_code(code) for code in codes], pa.bool_())
+        keep = pc.or_(keep, pc.and_(pc.equal(status, "errored"), final_error))
+    return pc.fill_null(keep, False)
+
+
+def load_previous(output_dir: str, statuses: Collection[str] = DEFAULT_CARRY_STATUSES) -> pa.Table | None:
+    """Return the rows of a previous merged output that hold a final result (key + result columns), or None.
+
+    ``statuses`` says which stored statuses count as final (see :data:`DEFAULT_CARRY_STATUSES`).
+    An output written before ``error_code`` existed keeps no ``errored`` row: its errors cannot
+    be told apart, so they are sent again.
+    """
+    chosen = check_carry_statuses(statuses)
     parts = OutputFolder(output_dir).parts()
     if not parts:
         return None
@@ -66,11 +125,14 @@ def load_previous(output_dir: str) -> pa.Table | None:
         with part.open("rb") as handle:
             pf = pq.ParquetFile(handle)
             names = set(pf.schema_arrow.names)
-            if not set(wanted) <= names:
-                log.warning("%s lacks %s; it cannot be used for skip_unchanged", part, sorted(set(wanted) - names))
+            lacking = set(wanted) - names - {"error_code"}
+            if lacking:
+                log.warning("%s lacks %s; it cannot be used for skip_unchanged", part, sorted(lacking))
                 continue
-            table = pf.read(columns=wanted)
-        tables.append(table.filter(pc.equal(table.column("status"), "succeeded")))
+            table = pf.read(columns=[name for name in wanted if name in names])
+        if "error_code" not in table.column_names:  # written before the column existed
+            table = table.append_column("error_code", pa.nulls(table.num_rows, pa.string()))
+        tables.append(table.filter(_final(table, chosen)).select(wanted))
     if not tables:
         return None
     previous = pa.concat_tables(tables, promote_options="permissive")
@@ -135,15 +197,19 @@ def apply_skip_unchanged(
 def read_carried(carry_path: str) -> pa.Table:
     """Return the carried results of one chunk: a result table plus ``batch_id`` (the batch that answered).
 
-    Carried rows succeeded before (HTTP 200); the columns follow
-    :func:`~airflow_batch_provider.results.table.result_schema`.
+    The columns follow :func:`~airflow_batch_provider.results.table.result_schema`; the HTTP status
+    was not stored: 200 for answered rows, null for errored ones.
     """
     with to_path(carry_path).open("rb") as handle:
         table = pq.read_table(handle)
     count = table.num_rows
     columns = {name: table.column(name) for name in ("custom_id", "status", "response", "finish_reason", "error")}
-    columns["error_code"] = pa.chunked_array([pa.nulls(count, pa.string())])
-    columns["http_status"] = pa.chunked_array([pa.repeat(pa.scalar(200, pa.int64()), count)])
+    if "error_code" in table.column_names:
+        columns["error_code"] = table.column("error_code")
+    else:  # a carry file written before the column existed
+        columns["error_code"] = pa.chunked_array([pa.nulls(count, pa.string())])
+    answered = pc.not_equal(table.column("status"), "errored")
+    columns["http_status"] = pc.if_else(answered, pa.scalar(200, pa.int64()), pa.scalar(None, pa.int64()))
     for name in ("input_tokens", "output_tokens"):
         columns[name] = table.column(name).cast(pa.int64())
     columns["batch_id"] = table.column("batch_id")

@@ -7,6 +7,7 @@ Both raise :class:`~airflow_batch_provider.exceptions.InvalidInputError` naming 
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
@@ -18,6 +19,7 @@ import pyarrow as pa
 
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.chunking.validation import check_csv_quotes
+from airflow_batch_provider.descriptors import RESULT_COLUMNS
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.utils import storage
 
@@ -136,12 +138,42 @@ class TableReader:
         try:
             return call()
         except (pa.ArrowException, OSError, ValueError, TypeError) as err:
-            hint = ""
-            if source_file.fmt != "parquet":
-                hint = f" ({source_file.fmt} column types are inferred from the first block; parquet avoids this.)"
+            hint = self._hint(source_file, err)
             raise InvalidInputError(
-                f"Cannot read {source_file.path} as {source_file.fmt}: {type(err).__name__}: {err}{hint}"
+                f"Cannot read {source_file.path} as {source_file.fmt}: {type(err).__name__}: {err}"
+                + (f". {hint}" if hint else "")
             ) from err
+
+    def _hint(self, source_file: _SourceFile, err: BaseException) -> str:
+        """Return what to do about a read error, for the errors we can tell apart (else "")."""
+        text, fmt = str(err), source_file.fmt
+        if fmt == "parquet":
+            return ""
+        if text.startswith(("Empty CSV file", "Empty JSON")):
+            what = "a header row and at least one row" if fmt == "csv" else "one JSON object per line"
+            return f"The file is empty: write {what}, or leave the file out of the source folder."
+        if "CSV parse error: Expected" in text:
+            where = _first_ragged_csv_row(self._lines_of(source_file))
+            at = f"Line {where[0]} has {where[1]} field(s) where the header has {where[2]}" if where else "A row"
+            return f'{at}: quote values that contain the delimiter ("a, b"), or fix that row.'
+        if "JSON parse error" in text:
+            line = _first_bad_json_line(self._lines_of(source_file))
+            at = f"Line {line} is" if line else "A line is"
+            return f"{at} not one complete JSON object: each line of a jsonl file must hold exactly one object."
+        if "conversion error" in text or "changed from" in text:
+            return (
+                f"{fmt} column types are inferred from the first block of the file and a later value does not "
+                "fit: write the file as parquet (typed columns), or make that column's values consistent."
+            )
+        if "UTF8" in text or "UTF-8" in text or isinstance(err, UnicodeDecodeError):
+            return "The file is not UTF-8: re-encode it (e.g. iconv -f latin1 -t utf-8)."
+        return ""
+
+    def _lines_of(self, source_file: _SourceFile) -> Iterator[str]:
+        """Yield the file's text lines again (error path only: after a read failed)."""
+        with ExitStack() as stack:
+            stream = self._input(source_file, stack)
+            yield from io.TextIOWrapper(stream, encoding="utf-8", errors="replace", newline="")
 
     def _check_quotes(self, source_file: _SourceFile) -> None:
         with ExitStack() as stack:
@@ -192,6 +224,37 @@ class TableReader:
         return schema.remove_metadata(), batches
 
 
+def _first_ragged_csv_row(lines: Iterator[str]) -> tuple[int, int, int] | None:
+    """Return (1-based line where it starts, fields, header fields) of the first csv row of the wrong width."""
+    import csv
+
+    reader = csv.reader(lines)
+    header = next(reader, None)
+    if header is None:
+        return None
+    start = reader.line_num + 1
+    for row in reader:
+        if row and len(row) != len(header):
+            return start, len(row), len(header)
+        start = reader.line_num + 1
+    return None
+
+
+def _first_bad_json_line(lines: Iterator[str]) -> int | None:
+    """Return the 1-based number of the first non-blank line that is not one JSON object."""
+    import json
+
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            if not isinstance(json.loads(line), dict):
+                return number
+        except ValueError:
+            return number
+    return None
+
+
 def _parquet_batches(parquet: Any, batch_rows: int, columns: Sequence[str] | None) -> Iterator[pa.RecordBatch]:
     # One reader per row group: a single iter_batches over the whole file keeps its pre-buffered
     # ranges until the end, so memory would grow with the file (seen: +80 MB per 10M rows).
@@ -219,6 +282,14 @@ def select_columns(
         names = [n for n in names if n in wanted]
     if FINGERPRINT in names:
         raise InvalidInputError(f"The table has a column named {FINGERPRINT!r}, which the rows file adds; rename it.")
+    taken = [n for n in names if n in RESULT_COLUMNS]
+    if taken:
+        # Refused here, before anything is paid for: the merge could not tell them from its own columns.
+        raise InvalidInputError(
+            f"The table has column(s) {taken} named like the result columns the merge adds "
+            f"({', '.join(RESULT_COLUMNS)}). Rename them in the source (e.g. {taken[0]!r} → 'source_{taken[0]}'), "
+            "or leave them out with columns= if the prompt does not use them."
+        )
     if CUSTOM_ID in names and id_column != CUSTOM_ID:
         raise InvalidInputError(
             f"The table has a column named {CUSTOM_ID!r} that is not the id_column; pass id_column={CUSTOM_ID!r}, "

@@ -52,11 +52,16 @@ switch                     what the emulator does
 --expire-rate R            fraction R of lines expire: OpenAI ``batch_expired`` error-file lines
                            and the batch ends ``expired`` (finished lines stay in the output
                            file); Anthropic ``expired`` results
+--truncate-rate R          fraction R of answers are cut off as at max_tokens, the same ones every
+                           run: text or JSON ends early; OpenAI ``finish_reason: "length"``,
+                           Anthropic ``stop_reason: "max_tokens"``
 --fail-validation [CODE]   every new OpenAI batch fails validation with CODE
                            (default ``invalid_json_line``)
 --cancel-batches           provider-side cancel of every new batch once half its lines are done
 --http-429-rate R          fraction R of API calls get 429 with ``retry-after`` /
                            ``retry-after-ms`` (``--retry-after SECONDS``, default 1)
+--realtime-max-in-flight N realtime routes admit N requests at once (a server at its
+                           ``--max-num-seqs``); one more gets 429 with ``retry-after``
 --http-500-rate R          fraction R of API calls get a 500
 --drop-rate R              fraction R of API calls have the connection closed without an answer
 --slow SECONDS             each batch spends this much longer in progress (lines are paced
@@ -127,10 +132,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--latency", type=float, default=0.2, help="seconds between batch states (default 0.2)")
     parser.add_argument("--realtime-delay", type=float, default=0.0, help="seconds slept per realtime request")
     _add_scheduling_args(parser)
+    _add_fault_args(parser)
+    parser.add_argument("--s3-endpoint-url", default=None, help="S3 endpoint of Bedrock job data (default: moto)")
+    parser.add_argument("--bedrock-min-records", type=int, default=100, help="Bedrock records-per-job minimum")
+    parser.add_argument("--quiet", action="store_true", help="do not log batch state changes")
+    return parser
+
+
+def _add_fault_args(parser: argparse.ArgumentParser) -> None:
+    """Add the fault switches: which lines fail, which calls are refused, slowed or held."""
     parser.add_argument("--seed", type=int, default=0, help="seed of every fault decision (default 0)")
     parser.add_argument("--line-error-rate", type=float, default=0.0, help="fraction of lines failing with 500")
     parser.add_argument("--invalid-line-rate", type=float, default=0.0, help="fraction of lines failing with 400")
     parser.add_argument("--expire-rate", type=float, default=0.0, help="fraction of lines that expire")
+    parser.add_argument(
+        "--truncate-rate", type=float, default=0.0, help="fraction of answers cut off at max_tokens (same ones)"
+    )
     parser.add_argument(
         "--fail-validation",
         nargs="?",
@@ -141,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--cancel-batches", action="store_true", help="cancel every new batch provider-side")
     parser.add_argument("--http-429-rate", type=float, default=0.0, help="fraction of API calls answered 429")
+    parser.add_argument(
+        "--realtime-max-in-flight", type=int, default=0, help="realtime requests admitted at once; more get 429"
+    )
     parser.add_argument("--retry-after", type=float, default=1.0, help="retry-after seconds on 429s (default 1)")
     parser.add_argument("--http-500-rate", type=float, default=0.0, help="fraction of API calls answered 500")
     parser.add_argument("--drop-rate", type=float, default=0.0, help="fraction of API calls dropped unanswered")
@@ -167,10 +187,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="'METHOD /path=SECONDS'",
         help="run matching calls, then hold the answer SECONDS (repeatable)",
     )
-    parser.add_argument("--s3-endpoint-url", default=None, help="S3 endpoint of Bedrock job data (default: moto)")
-    parser.add_argument("--bedrock-min-records", type=int, default=100, help="Bedrock records-per-job minimum")
-    parser.add_argument("--quiet", action="store_true", help="do not log batch state changes")
-    return parser
 
 
 def parse_route_delays(values: list[str], flag: str) -> dict[str, float]:
@@ -194,6 +210,8 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         line_error_rate=args.line_error_rate,
         invalid_line_rate=args.invalid_line_rate,
         expire_rate=args.expire_rate,
+        truncate_rate=args.truncate_rate,
+        realtime_max_in_flight=args.realtime_max_in_flight,
         fail_validation=args.fail_validation,
         cancel_batches=args.cancel_batches,
         http_429_rate=args.http_429_rate,

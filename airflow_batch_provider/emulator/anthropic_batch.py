@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.emulator.faults import Faults, line_fate
+from airflow_batch_provider.emulator.faults import Faults, cut_short, line_fate
 from airflow_batch_provider.emulator.records import AnthropicBatch
 from airflow_batch_provider.emulator.schema import schema_instance
 from airflow_batch_provider.emulator.store import Store
@@ -25,6 +25,7 @@ from airflow_batch_provider.emulator.synth import (
     ParamError,
     answer_text,
     content_text,
+    cut_anthropic_answer,
     estimate_tokens,
     messages_text,
     prompt_tokens,
@@ -118,6 +119,8 @@ def run_request(batch_id: str, custom_id: str, params: Any, faults: Faults) -> t
         try:
             answer = message(params)
             unique_id(answer, hashlib.blake2b(f"{batch_id}:{custom_id}".encode(), digest_size=12).hexdigest())
+            if cut_short(faults, custom_id):
+                cut_anthropic_answer(answer)
             result = {"type": "succeeded", "message": answer}
         except ParamError as exc:
             result = _errored("invalid_request_error", exc.message)

@@ -18,6 +18,14 @@ finished its work stays in its in-progress state (OpenAI ``in_progress``/``final
 Anthropic ``in_progress``) until its status has been retrieved that many times, so the N-th
 retrieve is the first that can see it ended, as with a real batch that runs longer than a poll
 interval. Listing batches does not count.
+
+``realtime_max_in_flight`` makes the realtime routes admit that many requests at once, as a
+server at its ``--max-num-seqs`` does: one more gets 429 with ``retry-after`` (``retry_after``).
+
+``truncate_rate`` cuts answers off as a model reaching ``max_tokens`` does: decided per
+``(seed, custom_id)`` like a permanent fault (at temperature 0 the same request is cut the same way
+every time), the answer text or JSON ends early and the result says so (OpenAI ``finish_reason:
+"length"``, Anthropic ``stop_reason: "max_tokens"``).
 """
 
 from __future__ import annotations
@@ -35,7 +43,15 @@ DEFAULT_VALIDATION_CODE = "invalid_json_line"
 LineFate = Literal["ok", "expired", "server_error", "invalid"]
 HttpFault = Literal["429", "500", "drop"]
 
-_RATES = ("line_error_rate", "invalid_line_rate", "expire_rate", "http_429_rate", "http_500_rate", "drop_rate")
+_RATES = (
+    "line_error_rate",
+    "invalid_line_rate",
+    "expire_rate",
+    "http_429_rate",
+    "http_500_rate",
+    "drop_rate",
+    "truncate_rate",
+)
 _METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH"})
 _PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 
@@ -77,6 +93,12 @@ def _clean_delays(name: str, raw: object) -> dict[str, float]:
     return clean
 
 
+def _check_count(name: str, value: object) -> None:
+    """Raise ValueError unless ``value`` is a whole number >= 0 (a bool is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name}={value!r} must be a whole number >= 0 (0 turns it off).")
+
+
 @dataclass(frozen=True)
 class Faults:
     """What the emulator breaks on purpose; every field off by default.
@@ -102,6 +124,8 @@ class Faults:
     slow: float = 0.0
     token_limit: int | None = None
     polls_before_done: int = 0
+    truncate_rate: float = 0.0
+    realtime_max_in_flight: int = 0
     delay_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
     delay_after_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
 
@@ -122,9 +146,8 @@ class Faults:
             raise ValueError(f"retry_after={self.retry_after!r} and slow={self.slow!r} must not be negative.")
         if self.token_limit is not None and int(self.token_limit) <= 0:
             raise ValueError(f"token_limit={self.token_limit!r} must be a positive integer or None.")
-        polls = self.polls_before_done
-        if isinstance(polls, bool) or not isinstance(polls, int) or polls < 0:
-            raise ValueError(f"polls_before_done={polls!r} must be a whole number >= 0 (0 turns it off).")
+        for name in ("polls_before_done", "realtime_max_in_flight"):
+            _check_count(name, getattr(self, name))
         for name in ("delay_routes", "delay_after_routes"):
             object.__setattr__(self, name, _clean_delays(name, getattr(self, name)))
 
@@ -179,6 +202,11 @@ def line_fate(faults: Faults, custom_id: str, batch_id: str = "") -> LineFate:
     if faults.invalid_line_rate and roll(faults.seed, "invalid", custom_id) < faults.invalid_line_rate:
         return "invalid"
     return "ok"
+
+
+def cut_short(faults: Faults, custom_id: str) -> bool:
+    """Return True when the answer to ``custom_id`` is cut off at max_tokens (``truncate_rate``)."""
+    return bool(faults.truncate_rate) and roll(faults.seed, "truncate", custom_id) < faults.truncate_rate
 
 
 class HttpDice:

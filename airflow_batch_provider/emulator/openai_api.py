@@ -272,7 +272,16 @@ class OpenAIApi:
             body = req.json(openai_error)
             if body.get("stream"):
                 raise _invalid("stream", "stream=true is not supported by the emulator.")
-            self.store.realtime_enter()
+            faults = self.store.faults
+            if not self.store.realtime_enter(faults.realtime_max_in_flight):
+                wait = faults.retry_after
+                raise OpenAIError(
+                    429,
+                    f"Server at capacity: {faults.realtime_max_in_flight} requests in flight (emulator fault "
+                    "realtime_max_in_flight).",
+                    type="rate_limit_error",
+                    headers={"retry-after": f"{wait:g}", "retry-after-ms": str(int(wait * 1000))},
+                )
             try:
                 self.store.scheduler.run(request_priority(body), self.config.realtime_delay)
                 try:

@@ -18,10 +18,19 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.emulator.faults import Faults, line_fate
+from airflow_batch_provider.emulator.faults import Faults, cut_short, line_fate
 from airflow_batch_provider.emulator.records import OpenAIBatch
 from airflow_batch_provider.emulator.store import Store
-from airflow_batch_provider.emulator.synth import OPENAI_BUILDERS, ParamError, request_tokens, unique_id
+from airflow_batch_provider.emulator.synth import (
+    OPENAI_BUILDERS,
+    ParamError,
+    cut_openai_answer,
+    request_tokens,
+    unique_id,
+)
+
+# Endpoints whose answers a max_tokens limit can cut off (truncate_rate).
+CUTTABLE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
 
 MAX_LINES = 50_000
 MAX_INPUT_BYTES = 200 * 1024 * 1024
@@ -144,6 +153,8 @@ def run_line(batch_id: str, endpoint: str, raw: bytes, faults: Faults, created: 
         try:
             body = OPENAI_BUILDERS[endpoint](obj["body"], created)
             unique_id(body, digest)
+            if endpoint in CUTTABLE_ENDPOINTS and cut_short(faults, custom_id):
+                cut_openai_answer(body)
         except ParamError as exc:
             status, body = 400, _error_body(exc.message, "invalid_request_error", exc.param)
         except (AttributeError, TypeError, ValueError) as exc:

@@ -55,13 +55,17 @@ class Store:
         with self.lock:
             self.counters[section][key] += amount
 
-    def realtime_enter(self) -> None:
-        """Count one realtime request as in flight and track the peak."""
+    def realtime_enter(self, cap: int = 0) -> bool:
+        """Count one realtime request as in flight and track the peak; False (counted as rejected) at ``cap``."""
         with self.lock:
+            if cap and self._in_flight >= cap:
+                self.counters["realtime"]["rejected_over_capacity"] += 1
+                return False
             self._in_flight += 1
             realtime = self.counters["realtime"]
             realtime["requests"] += 1
             realtime["realtime_max_concurrency"] = max(realtime["realtime_max_concurrency"], self._in_flight)
+            return True
 
     def realtime_exit(self) -> None:
         """Mark one realtime request as finished."""

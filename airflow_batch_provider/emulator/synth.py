@@ -97,6 +97,35 @@ def truncate(text: str, max_tokens: Any) -> tuple[str, int, bool]:
     return text, tokens, False
 
 
+def cut_text(text: str) -> str:
+    """Return ``text`` cut off part-way, as an answer that ran into max_tokens (never the whole text)."""
+    return text[: max(0, min(len(text) - 1, len(text) // 2))]
+
+
+def cut_openai_answer(body: dict[str, Any]) -> None:
+    """Cut a chat/completions answer short in place, as the model reaching max_tokens would."""
+    for choice in body.get("choices") or []:
+        message = choice.get("message")
+        if isinstance(message, dict):
+            if isinstance(message.get("content"), str):
+                message["content"] = cut_text(message["content"])
+            for call in message.get("tool_calls") or []:
+                call["function"]["arguments"] = cut_text(call["function"]["arguments"])
+        elif isinstance(choice.get("text"), str):
+            choice["text"] = cut_text(choice["text"])
+        choice["finish_reason"] = "length"
+
+
+def cut_anthropic_answer(answer: dict[str, Any]) -> None:
+    """Cut a Messages answer short in place: text ends early, a tool call loses its last field."""
+    for block in answer.get("content") or []:
+        if block.get("type") == "text":
+            block["text"] = cut_text(block["text"])
+        elif block.get("type") == "tool_use" and isinstance(block.get("input"), dict) and block["input"]:
+            block["input"].pop(list(block["input"])[-1])
+    answer["stop_reason"] = "max_tokens"
+
+
 def structured_text(response_format: Any, key: bytes) -> str | None:
     """Return JSON text for a ``json_schema``/``json_object`` response format, else None."""
     if not isinstance(response_format, dict):

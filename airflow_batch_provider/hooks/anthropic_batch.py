@@ -12,6 +12,7 @@ adopts a batch only when exactly one matches (see SubmitBatchOperator).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
@@ -162,7 +163,8 @@ class AnthropicBatchHook(BatchHook):
         """Return the async SDK client (connection read without blocking the event loop)."""
         if self._async_client is None:
             conn = await self.aget_connection(self.conn_id)
-            self._async_client = anthropic.AsyncAnthropic(**self._client_kwargs(conn))
+            # Building a client loads the TLS trust store (tens of ms): not on the triggerer's loop.
+            self._async_client = await asyncio.to_thread(lambda: anthropic.AsyncAnthropic(**self._client_kwargs(conn)))
         return self._async_client
 
     def _call(self, what: str, fn: Any) -> Any:

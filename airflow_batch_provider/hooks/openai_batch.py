@@ -9,6 +9,7 @@ of the ``openai`` type made for Airflow's OpenAI provider works too (its
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -110,6 +111,12 @@ def _ended_at(batch: Any) -> float | None:
     return None
 
 
+#: Seconds one batch-create request may take (a small JSON POST; uploads keep the client's 600 s).
+CREATE_TIMEOUT = 60.0
+#: Seconds after which a failing create is not attempted again (the task fails; its retry reconciles).
+CREATE_WITHIN = 180.0
+
+
 class OpenAIBatchHook(BatchHook):
     """Submit chunk files to the OpenAI Batch API, poll, cancel and stream results.
 
@@ -177,7 +184,8 @@ class OpenAIBatchHook(BatchHook):
         """Return the async SDK client (connection read without blocking the event loop)."""
         if self._async_client is None:
             conn = await self.aget_connection(self.conn_id)
-            self._async_client = openai.AsyncOpenAI(**self._client_kwargs(conn))
+            # Building a client loads the TLS trust store (tens of ms): not on the triggerer's loop.
+            self._async_client = await asyncio.to_thread(lambda: openai.AsyncOpenAI(**self._client_kwargs(conn)))
         return self._async_client
 
     def _call(self, what: str, fn: Any) -> Any:
@@ -199,14 +207,22 @@ class OpenAIBatchHook(BatchHook):
         """Create a batch over the uploaded file with the 24 h completion window; return its id."""
         if not input_file_id:
             raise ValueError(f"{chunk['label']}: an OpenAI batch needs an uploaded file (see upload_file)")
-        batch = self._call(
-            f"{chunk['label']}: batch create for file {input_file_id}",
-            lambda: self.client.batches.create(
+        # Bounded: a create still in flight when this task is declared dead can land after the rerun
+        # created its own batch (both are then billed). Short attempts, no SDK retries of its own, and
+        # no new attempt after CREATE_WITHIN seconds keep that window small; the submit and the sensor
+        # reconcile what lands anyway (batches/submission.py: cancel_siblings).
+        client = self.client.with_options(timeout=CREATE_TIMEOUT, max_retries=0)
+        batch = call_with_retries(
+            lambda: client.batches.create(
                 input_file_id=input_file_id,
                 endpoint=chunk["endpoint"],  # type: ignore[arg-type]
                 completion_window="24h",
                 metadata=dict(metadata),
             ),
+            what=f"{chunk['label']}: batch create for file {input_file_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+            within=CREATE_WITHIN,
         )
         self.log.info("%s: created batch %s from file %s", chunk["label"], batch.id, input_file_id)
         return str(batch.id)

@@ -4,15 +4,18 @@ For self-hosted servers — ``vllm serve`` (``vllm.entrypoints.openai.api_server
 llama.cpp's server — and for the emulator's realtime routes. Each chunk line is POSTed as-is
 (``/v1/chat/completions`` or ``/v1/embeddings``) through the async ``openai`` SDK, with at most
 ``max_concurrency`` requests in flight: enough to keep the server's continuous batching full
-without queueing the whole chunk on it. 429, 5xx and connection errors are retried with backoff
-(the SDK's own retries, then :mod:`airflow_batch_provider.utils.retry`'s policy above them); a request
-that still fails becomes an error line in the output, never a failed chunk.
+without queueing the whole chunk on it. When the server turns requests away (429) the limit
+adapts (:class:`~airflow_batch_provider.utils.adaptive.AdaptiveLimit`: halved, then grown back).
+429, 5xx and connection errors are retried here, with jittered backoff that honours Retry-After
+(:class:`~airflow_batch_provider.utils.retry.RetryPolicy`); the SDK's own retries are off in a run,
+so every rejection is seen and its retries log nothing at INFO. A request that still fails becomes
+an error line in the output (logged once, naming its custom_id), never a failed chunk.
 
 Connection (type ``openai_compatible``, default id ``openai_compatible_default``): the base URL
 in the extra ``base_url`` or the host field (``http://gpu-box:8000/v1``; a URL without a path
 gets ``/v1``; a bare host gets ``http://`` and the port field); the API key, if the server wants
 one, in the password field (``vllm serve --api-key``). Optional extras: ``timeout`` (seconds per
-request) and ``headers`` (a JSON object of extra HTTP headers).
+request) and ``headers`` (a JSON object of extra HTTP headers; every value is masked in logs).
 """
 
 from __future__ import annotations
@@ -29,14 +32,22 @@ from urllib.parse import urlsplit
 
 import openai
 from airflow.sdk import BaseHook
+from airflow.sdk.log import mask_secret
 
 from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.local_results import ResultCounts, error_line, success_line
 from airflow_batch_provider.hooks.openai_batch import classify_openai_error
+from airflow_batch_provider.utils.adaptive import AdaptiveLimit
 from airflow_batch_provider.utils.http_logs import quiet_transport_logs
-from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries
+from airflow_batch_provider.utils.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
+
+#: Per request in a run (the SDK's retries are off there): more attempts than a single API call gets,
+#: because a busy server turns requests away for as long as it is full.
+SERVER_RETRY_POLICY = RetryPolicy(attempts=8, base_delay=1.0, max_delay=30.0)
+#: Requests that finally failed are logged one line each up to this many; the summary counts the rest.
+FAILURE_LINES = 50
 
 SUPPORTED_ENDPOINTS = ("/v1/chat/completions", "/v1/embeddings")
 # vLLM's server ignores the key unless started with --api-key, but the SDK refuses an empty one.
@@ -64,6 +75,8 @@ class ServerRunStats:
     seconds: float = 0.0
     max_in_flight: int = 0
     status_codes: dict[str, int] = field(default_factory=dict)
+    throttled: int = 0  # requests the server turned away with 429 (each retried)
+    lowest_concurrency: int = 0  # the lowest the adaptive in-flight limit went
 
 
 def normalise_base_url(raw: str | None, port: int | None = None) -> str:
@@ -88,8 +101,8 @@ class OpenAICompatibleHook(BaseHook):
     """Call an OpenAI-compatible inference server with the ``openai`` SDK.
 
     :param conn_id: Airflow connection id (type ``openai_compatible``).
-    :param retry_policy: attempts above the SDK's own retries for each request.
-    :param max_retries: the SDK's own retry count per attempt.
+    :param retry_policy: attempts per request in :meth:`run` (default :data:`SERVER_RETRY_POLICY`).
+    :param max_retries: the SDK's own retry count (for :meth:`get_conn`; a run retries by itself).
     :param timeout: per-request timeout in seconds (the connection's ``timeout`` extra wins).
     """
 
@@ -108,7 +121,7 @@ class OpenAICompatibleHook(BaseHook):
     ) -> None:
         super().__init__()
         self.conn_id = conn_id or self.default_conn_name
-        self.retry_policy = retry_policy or RetryPolicy()
+        self.retry_policy = retry_policy or SERVER_RETRY_POLICY
         self.max_retries = max_retries
         self.timeout = timeout
 
@@ -127,6 +140,10 @@ class OpenAICompatibleHook(BaseHook):
                 headers = None
         if not isinstance(headers, dict):
             raise openai.OpenAIError(f"Connection {self.conn_id!r}: the 'headers' extra must be a JSON object.")
+        for value in headers.values():
+            # Extra headers usually carry credentials (a gateway token, an org key), and the UI stores
+            # the extra as plain text, which Airflow's masker does not look inside: mask each value.
+            mask_secret(str(value))
         return {
             "base_url": normalise_base_url(extra.get("base_url") or conn.host, conn.port),
             "api_key": conn.password or extra.get("api_key") or PLACEHOLDER_API_KEY,
@@ -154,15 +171,39 @@ class OpenAICompatibleHook(BaseHook):
         return True, f"Connected to {self.base_url}; models: {', '.join(models) or '(none listed)'}"
 
     # -- one request -----------------------------------------------------------------------------
-    async def acreate(self, client: openai.AsyncOpenAI, url: str, body: Mapping[str, Any]) -> Any:
-        """POST ``body`` to ``url`` (``/v1/chat/completions`` …) with retries; return the decoded JSON body."""
+    async def acreate(
+        self, client: openai.AsyncOpenAI, url: str, body: Mapping[str, Any], limit: AdaptiveLimit | None = None
+    ) -> Any:
+        """POST ``body`` to ``url`` (``/v1/chat/completions`` …) with retries; return the decoded JSON body.
+
+        Each attempt holds a slot of ``limit`` (none: unbounded) and tells it whether the server
+        turned it away; waits between attempts hold no slot. Retries are logged at DEBUG only: a
+        busy server can turn away thousands; the run logs what finally failed.
+        """
         path = url[len("/v1") :] if url.startswith("/v1/") else url
-        return await acall_with_retries(
-            lambda: client.post(path, cast_to=object, body=dict(body)),
-            what=f"POST {url}",
-            classify=classify_openai_error,
-            policy=self.retry_policy,
-        )
+        policy = self.retry_policy
+        for attempt in range(1, policy.attempts + 1):
+            sent_at = await limit.acquire() if limit is not None else 0.0
+            answered = turned_away = False
+            try:
+                result = await client.post(path, cast_to=object, body=dict(body))
+                answered = True
+                return result
+            except Exception as exc:
+                turned_away = isinstance(exc, openai.RateLimitError)
+                retryable, retry_after = classify_openai_error(exc)
+                why = str(exc)
+                if not retryable or attempt == policy.attempts:
+                    raise ProviderCallError(f"POST {url} failed after {attempt} attempt(s): {exc}") from exc
+            finally:
+                if limit is not None:
+                    await limit.release(sent_at, answered=answered, turned_away=turned_away)
+            wait = policy.delay(attempt, retry_after)
+            log.debug(
+                "POST %s failed (%s); retrying in %.1f s (attempt %d/%d)", url, why, wait, attempt, policy.attempts
+            )
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     # -- a whole chunk ---------------------------------------------------------------------------
     def run(
@@ -199,38 +240,32 @@ class OpenAICompatibleHook(BaseHook):
         stats = ServerRunStats()
         started = time.monotonic()
         next_report = started + progress_every
+        # Tasks alive are bounded by the ceiling; requests on the wire by the adaptive limit below it.
         semaphore = asyncio.Semaphore(max_concurrency)
-        in_flight = 0
+        limit = AdaptiveLimit(max_concurrency)
 
         async def one(client: openai.AsyncOpenAI, request: ServerRequest) -> None:
-            nonlocal in_flight, next_report
-            in_flight += 1
-            stats.max_in_flight = max(stats.max_in_flight, in_flight)
+            nonlocal next_report
             try:
-                line, ok, status, usage = await self._answer(client, request, fingerprint)
+                line, ok, status, usage = await self._answer(client, request, fingerprint, limit)
             finally:
-                in_flight -= 1
                 semaphore.release()
+            if not ok:
+                _log_failure(label, request.custom_id, status, stats.counts.failed)
             write(line + b"\n")
             stats.counts.add(ok)
             stats.status_codes[status] = stats.status_codes.get(status, 0) + 1
             stats.input_tokens += int(usage.get("prompt_tokens") or 0)
             stats.output_tokens += int(usage.get("completion_tokens") or 0)
-            now = time.monotonic()
-            if now >= next_report:
-                next_report = now + progress_every
-                done = stats.counts.total
-                log.info(
-                    "%s: %s/%s requests answered (%d failed), %.1f req/s",
-                    label,
-                    f"{done:,}",
-                    f"{total:,}" if total is not None else "?",
-                    stats.counts.failed,
-                    done / (now - started),
-                )
+            if time.monotonic() >= next_report:
+                next_report = time.monotonic() + progress_every
+                _log_progress(label, stats, total, started)
 
+        # The SDK's own retries are off: each attempt must reach the adaptive limit (and the SDK
+        # would log a "Retrying request" line at INFO for every one).
+        client_kwargs = {**self.client_kwargs, "max_retries": 0}
         try:
-            async with openai.AsyncOpenAI(**self.client_kwargs) as client, asyncio.TaskGroup() as group:
+            async with openai.AsyncOpenAI(**client_kwargs) as client, asyncio.TaskGroup() as group:
                 for request in requests:
                     await semaphore.acquire()  # bounds both requests in flight and tasks alive
                     group.create_task(one(client, request))
@@ -241,10 +276,16 @@ class OpenAICompatibleHook(BaseHook):
                 raise errors.exceptions[0]  # noqa: B904 - keep the error's own cause
             raise
         stats.seconds = time.monotonic() - started
+        stats.throttled, stats.lowest_concurrency, stats.max_in_flight = limit.throttled, limit.lowest, limit.peak
+        _log_summary(label, stats, max_concurrency)
         return stats
 
     async def _answer(
-        self, client: openai.AsyncOpenAI, request: ServerRequest, fingerprint: str
+        self,
+        client: openai.AsyncOpenAI,
+        request: ServerRequest,
+        fingerprint: str,
+        limit: AdaptiveLimit,
     ) -> tuple[bytes, bool, str, Mapping[str, Any]]:
         """Return (output line, succeeded, status label, usage) for one request; never raises for the request."""
         custom_id, req_id = request.custom_id, request.request_id
@@ -260,7 +301,7 @@ class OpenAICompatibleHook(BaseHook):
             )
             return line, False, "400", {}
         try:
-            body = await self.acreate(client, request.url, request.body)
+            body = await self.acreate(client, request.url, request.body, limit)
         except ProviderCallError as exc:
             return self._failure_line(custom_id, req_id, fingerprint, exc)
         if not isinstance(body, dict):
@@ -296,3 +337,41 @@ class OpenAICompatibleHook(BaseHook):
             custom_id, fingerprint=fingerprint, req_id=req_id, message=str(exc), status_code=None, code=kind
         )
         return line, False, kind, {}
+
+
+def _log_progress(label: str, stats: ServerRunStats, total: int | None, started: float) -> None:
+    done = stats.counts.total
+    log.info(
+        "%s: %s/%s requests answered (%d failed), %.1f req/s",
+        label,
+        f"{done:,}",
+        f"{total:,}" if total is not None else "?",
+        stats.counts.failed,
+        done / max(time.monotonic() - started, 1e-9),
+    )
+
+
+def _log_summary(label: str, stats: ServerRunStats, ceiling: int) -> None:
+    """Log one line on what failed for good and how often the server turned requests away (if anything did)."""
+    if not (stats.counts.failed or stats.throttled):
+        return
+    failures = ", ".join(f"{code} x{n}" for code, n in sorted(stats.status_codes.items()) if code != "200")
+    log.warning(
+        "%s: %d of %d request(s) failed for good (%s); the server turned requests away %d time(s), so at the "
+        "low point at most %d were in flight (ceiling %d)",
+        label,
+        stats.counts.failed,
+        stats.counts.total,
+        failures or "none",
+        stats.throttled,
+        stats.lowest_concurrency,
+        ceiling,
+    )
+
+
+def _log_failure(label: str, custom_id: str, status: str, failed_so_far: int) -> None:
+    """Log one request that failed for good (the first FAILURE_LINES of a run; the summary counts all)."""
+    if failed_so_far < FAILURE_LINES:
+        log.warning("%s: request %s failed for good (%s); it is an error line in the output", label, custom_id, status)
+    elif failed_so_far == FAILURE_LINES:
+        log.warning("%s: more requests failed for good; the summary at the end counts them", label)

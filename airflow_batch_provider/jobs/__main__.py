@@ -18,7 +18,7 @@ from airflow_batch_provider.jobs.retention import collect, parse_age
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code (2 for bad arguments)."""
-    from airflow_batch_provider.operators.chunk import default_work_dir
+    from airflow_batch_provider.job_folder import default_work_dir
 
     parser = argparse.ArgumentParser(prog="python -m airflow_batch_provider.jobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
@@ -16,7 +14,11 @@ from airflow_batch_provider.chunking.chunks import (
     check_chunk_size,
     check_map_length,
 )
-from airflow_batch_provider.chunking.incremental import carried_summary
+from airflow_batch_provider.chunking.incremental import (
+    DEFAULT_CARRY_STATUSES,
+    carried_summary,
+    check_carry_statuses,
+)
 from airflow_batch_provider.chunking.spec import RequestSpec, check_endpoint, default_endpoint
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.cost.estimate import (
@@ -31,26 +33,8 @@ from airflow_batch_provider.cost.estimate import (
 )
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.job_folder import JobFolder
+from airflow_batch_provider.job_folder import JobFolder, default_job_dir
 from airflow_batch_provider.metrics import BatchMetrics
-
-WORK_DIR_ENV = "AIRFLOW_BATCH_WORK_DIR"
-_UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def default_work_dir() -> str:
-    """Return ``$AIRFLOW_BATCH_WORK_DIR``, else ``$AIRFLOW_HOME/batch_jobs`` (``~/airflow`` when unset)."""
-    configured = os.environ.get(WORK_DIR_ENV)
-    if configured:
-        return configured
-    home = os.environ.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
-    return os.path.join(home, "batch_jobs")
-
-
-def sanitise_path_part(text: str) -> str:
-    """Return ``text`` with every run of characters outside ``[A-Za-z0-9._-]`` replaced by ``_``."""
-    cleaned = _UNSAFE_PATH_CHARS.sub("_", text).strip("._")
-    return cleaned or "_"
 
 
 class ChunkOperator(BaseOperator):
@@ -88,7 +72,9 @@ class ChunkOperator(BaseOperator):
     :param endpoint: OpenAI ``/v1/chat/completions`` (default), ``/v1/embeddings``, ``/v1/completions``;
         Anthropic ``/v1/messages`` (default).
     :param job_dir: folder for this job's files; default
-        ``{$AIRFLOW_BATCH_WORK_DIR or $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}/{task_id}``. Templated.
+        ``{$AIRFLOW_BATCH_WORK_DIR or $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}-{hash}/{task_id}``
+        (the run_id cleaned to ``[A-Za-z0-9._-]``, plus 8 hex of its sha256 so that every run_id gets
+        its own folder). Templated.
     :param system_prompt: optional system prompt. Templated.
     :param id_column: column whose values become custom_ids; default: a hash of each row. Templated.
     :param request_params: request parameters passed into every request body (``max_tokens``,
@@ -114,6 +100,11 @@ class ChunkOperator(BaseOperator):
         ``airflow_batch_provider.chunking.incremental``).
     :param previous_output: the merged dataset of earlier runs (usually MergeResultsOperator's
         ``output_dir``). Templated.
+    :param carry_statuses: which stored results of the same request ``skip_unchanged`` keeps
+        instead of sending the row again, by status (default ``("succeeded", "invalid_output",
+        "errored")``; ``errored`` means final errors only, such as a 400). Drop ``invalid_output``
+        to pay again for answers that failed the schema. Rows never answered (expired, canceled,
+        missing) or failed retryably are always sent again.
     """
 
     template_fields: Sequence[str] = (
@@ -151,6 +142,7 @@ class ChunkOperator(BaseOperator):
         pricing: Mapping[str, Any] | str | None = None,
         skip_unchanged: bool = False,
         previous_output: str | None = None,
+        carry_statuses: Collection[str] = DEFAULT_CARRY_STATUSES,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -161,6 +153,7 @@ class ChunkOperator(BaseOperator):
             )
         self.skip_unchanged = skip_unchanged
         self.previous_output = previous_output
+        self.carry_statuses = sorted(check_carry_statuses(carry_statuses))
         if not (isinstance(max_cost_usd, str) and "{{" in max_cost_usd):
             parse_max_cost_usd(max_cost_usd)  # a bad limit is a DAG import error, not a failed run
         self.max_cost_usd = max_cost_usd
@@ -222,8 +215,7 @@ class ChunkOperator(BaseOperator):
         map_index = getattr(ti, "map_index", None)
         if isinstance(map_index, int) and map_index >= 0:
             task_dir = f"{task_dir}-{map_index}"
-        parts = (self.dag_id or "no_dag", str(run_id or "manual"), task_dir)
-        return os.path.join(default_work_dir(), *(sanitise_path_part(p) for p in parts))
+        return default_job_dir(self.dag_id or "no_dag", str(run_id or "manual"), task_dir)
 
     def execute(self, context: Context) -> list[ChunkDescriptor]:
         """Write the chunk files and return their descriptors (small dicts, safe for XCom)."""
@@ -243,14 +235,16 @@ class ChunkOperator(BaseOperator):
             byte_cap=self.byte_cap,
             columns=self.columns,
             previous_output=self.previous_output if self.skip_unchanged else None,
+            carry_statuses=self.carry_statuses,
         )
         descriptors = result.descriptors
         skipped = result.skipped
         if skipped is not None:
             self.log.info(
-                "skip_unchanged: %s of %s rows already have a result for the same request; sending %s",
+                "skip_unchanged: %s of %s rows already have a final result (%s) for the same request; sending %s",
                 f"{skipped.carried:,}",
                 f"{skipped.rows:,}",
+                ", ".join(self.carry_statuses),
                 f"{skipped.sent:,}",
             )
         # Before anything is estimated or uploaded: Airflow could not map the next step over them.

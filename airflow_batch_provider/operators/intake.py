@@ -27,7 +27,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 from airflow_batch_provider.intake.aggregator import Aggregator, GroupPolicy
 from airflow_batch_provider.intake.queues import open_queue
 from airflow_batch_provider.intake.sizing import IntakeMetrics
-from airflow_batch_provider.operators.chunk import default_work_dir, sanitise_path_part
+from airflow_batch_provider.job_folder import default_work_dir, sanitise_path_part
 
 
 def policy_from(max_items: int | str, max_wait: float | str, claim_seconds: float | str) -> GroupPolicy:

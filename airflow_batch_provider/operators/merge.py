@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +30,8 @@ class MergeResultsOperator(BaseOperator):
 
     Output columns: the source columns, ``custom_id``, ``request_fingerprint``, then ``status``
     (succeeded / errored / expired / canceled / missing / invalid_output), ``response`` (text, or
-    the vector for embeddings), ``finish_reason``, ``error``, ``input_tokens``, ``output_tokens``,
+    the vector for embeddings), ``finish_reason``, ``error``, ``error_code`` (the provider's code,
+    ``http_NNN`` without one, ``schema``/``truncated`` for invalid_output), ``input_tokens``, ``output_tokens``,
     ``batch_id`` (the batch whose result was kept) and ``attempts`` (batches that carried the row:
     1 = first try). Every attempt of a chunk is read in order and the last result per row wins.
     Exactly one output row per input row; rerunning rewrites the same files.
@@ -41,7 +43,7 @@ class MergeResultsOperator(BaseOperator):
     :param max_failure_ratio: the largest share of a chunk's rows that may end not ``succeeded``.
         Every part file and ``_SUMMARY.json`` are written first (what succeeded is kept); then
         TooManyFailuresError names each chunk over the ratio, how many rows failed and the most
-        common errors. None disables the check.
+        common errors. None disables the check. Templated (e.g. ``"{{ params.max_failure_ratio }}"``).
     :param pricing: price overrides for the actual-cost line (a dict or a file path).
     :param sink: also upsert each merged part elsewhere, e.g.
         ``SqlUpsertSink("my_postgres", "product_labels")`` (``ON CONFLICT (custom_id) DO UPDATE``,
@@ -58,7 +60,7 @@ class MergeResultsOperator(BaseOperator):
     as their event's extra, so downstream DAGs scheduled on them know where the data is.
     """
 
-    template_fields: Sequence[str] = ("batches", "output_dir", "conn_id")
+    template_fields: Sequence[str] = ("batches", "output_dir", "conn_id", "max_failure_ratio")
     ui_color = "#e6f5e6"
     operator_extra_links = (RunReportLink(),)
 
@@ -69,15 +71,16 @@ class MergeResultsOperator(BaseOperator):
         output_dir: str,
         conn_id: str | None = None,
         provider: str | None = None,
-        max_failure_ratio: float | None = 0.05,
+        max_failure_ratio: float | str | None = 0.05,
         pricing: Mapping[str, Any] | str | None = None,
         sink: PartSink | None = None,
         keep_request_files: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if max_failure_ratio is not None and not 0.0 <= float(max_failure_ratio) <= 1.0:
-            raise ValueError(f"max_failure_ratio must be between 0 and 1 (or None), got {max_failure_ratio!r}")
+        if not (isinstance(max_failure_ratio, str) and "{{" in max_failure_ratio):
+            # A bad literal is a DAG import error; a template is checked once rendered.
+            _failure_ratio(max_failure_ratio)
         self.batches = batches
         self.output_dir = output_dir
         self.conn_id = conn_id
@@ -92,6 +95,7 @@ class MergeResultsOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         """Merge every chunk and return the job summary."""
+        limit = self.max_failure_ratio = _failure_ratio(self.max_failure_ratio)  # rendered: "0.05", "None"
         # One slice reads a mapped task's whole XCom in one call (iterating asks item by item,
         # and probes one past the end, which Airflow logs as an error).
         received = self.batches[:] if isinstance(self.batches, Sequence) else list(self.batches)
@@ -100,7 +104,7 @@ class MergeResultsOperator(BaseOperator):
             raise ResultsError("MergeResultsOperator received no batches: did the chunk step produce any chunks?")
         makedirs(self.output_dir)
         metrics = BatchMetrics.from_context(context, provider=batches[0]["provider"], model=batches[0]["model"])
-        total, usage, over, per_chunk = self._merge_all(batches)
+        total, usage, over, per_chunk = self._merge_all(batches, limit)
         removed = remove_stale_parts(self.output_dir, [part_name(b["chunk_index"]) for b in batches])
         if removed:
             self.log.info("removed %d part file(s) left by an earlier, larger run: %s", len(removed), removed)
@@ -111,8 +115,8 @@ class MergeResultsOperator(BaseOperator):
             "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
         }
         self._emit(context, metrics, total, summary)
-        if self.max_failure_ratio is not None:
-            summary["max_failure_ratio"] = self.max_failure_ratio
+        if limit is not None:
+            summary["max_failure_ratio"] = limit
             summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
         summary["report"] = write_run_report(self.output_dir, summary, per_chunk, _report_title(self.dag_id, context))
         with atomic_write(str(OutputFolder(self.output_dir).summary)) as out:
@@ -122,9 +126,7 @@ class MergeResultsOperator(BaseOperator):
         if summary.get("cost_comparison"):
             self.log.info("%s", summary["cost_comparison"])
         if over:
-            raise TooManyFailuresError(
-                _too_many_failures_message(over, self.max_failure_ratio, len(batches)), over, summary
-            )
+            raise TooManyFailuresError(_too_many_failures_message(over, limit, len(batches)), over, summary)
         if not self.keep_request_files:  # only once every chunk merged within the failure ratio
             for released in release_after_merge(batches, str(self.output_dir)):
                 self.log.info(
@@ -136,10 +138,10 @@ class MergeResultsOperator(BaseOperator):
         return summary
 
     def _merge_all(
-        self, batches: list[dict[str, Any]]
+        self, batches: list[dict[str, Any]], limit: float | None
     ) -> tuple[MergeStats, UsageTally, list[dict[str, Any]], list[tuple[dict[str, Any], MergeStats]]]:
-        """Merge each chunk in order; return the totals, this run's usage, the chunks over the failure
-        ratio and each chunk's counters (for the run report)."""
+        """Merge each chunk in order; return the totals, this run's usage, the chunks over ``limit`` and
+        each chunk's counters (for the run report)."""
         hooks: dict[str, BatchHook] = {}
         total = MergeStats()
         usage = UsageTally()
@@ -151,17 +153,11 @@ class MergeResultsOperator(BaseOperator):
             stats = merge_chunk(hook, batch, self.output_dir, self.sink)
             # Carried rows were paid for in an earlier run: price only what this run's batches used.
             usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
-            self.log.info(
-                "%s: merged %d rows from %d attempt(s) (%s)",
-                batch["label"],
-                stats.rows,
-                len(batch.get("attempts") or ([batch["state"]] if batch.get("state") else [])),
-                dict(stats.statuses),
-            )
+            self._log_merged(batch, stats)
             total.add(stats)
             per_chunk.append((batch, stats))
             ratio = stats.failed / stats.rows if stats.rows else 0.0
-            if self.max_failure_ratio is not None and ratio > self.max_failure_ratio:
+            if limit is not None and ratio > limit:
                 over.append(
                     {
                         "label": batch["label"],
@@ -169,14 +165,21 @@ class MergeResultsOperator(BaseOperator):
                         "rows": stats.rows,
                         "failed": stats.failed,
                         "ratio": round(ratio, 6),
-                        "top_errors": stats.errors.most_common(3),
+                        "top_errors": stats.top_errors(3),
                     }
                 )
         return total, usage, over, per_chunk
 
+    def _log_merged(self, batch: Mapping[str, Any], stats: MergeStats) -> None:
+        attempts = len(batch.get("attempts") or ([batch["state"]] if batch.get("state") else []))
+        self.log.info(
+            "%s: merged %d rows from %d attempt(s) (%s)", batch["label"], stats.rows, attempts, dict(stats.statuses)
+        )
+
     def _emit(self, context: Context, metrics: BatchMetrics, total: MergeStats, summary: dict[str, Any]) -> None:
         """Emit the run's metrics and attach the summary to every outlet Asset's event."""
         metrics.result_statuses(total.statuses)
+        metrics.truncated_answers(total.truncated_rows)
         metrics.tokens(total.new_input_tokens, total.new_output_tokens)
         if summary.get("actual_cost_usd") is not None:
             metrics.cost(summary["actual_cost_usd"])
@@ -202,6 +205,19 @@ def _estimated_costs(batches: list[dict[str, Any]]) -> tuple[float | None, float
         values = [b.get(key) for b in batches]
         sums.append(None if any(v is None for v in values) else float(sum(values)))  # type: ignore[arg-type]
     return sums[0], sums[1]
+
+
+def _failure_ratio(value: float | str | None) -> float | None:
+    """Return ``max_failure_ratio`` as a float in [0, 1] or None (a rendered template is text: "0.05", "None")."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None", "null")):
+        return None
+    try:
+        ratio = float(value)
+    except (TypeError, ValueError):
+        ratio = math.nan
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"max_failure_ratio must be between 0 and 1 (or None), got {value!r}")
+    return ratio
 
 
 def _report_title(dag_id: str | None, context: Context) -> str:

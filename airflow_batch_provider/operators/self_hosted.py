@@ -14,16 +14,20 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_batch_provider.batches.line_retry import is_retryable, write_followup
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.local_results import (
     ResultCounts,
     completed_batch,
+    iter_lines,
     load_complete,
     results_path,
     write_meta,
 )
-from airflow_batch_provider.utils.storage import atomic_write
+from airflow_batch_provider.job_folder import JobFolder
+from airflow_batch_provider.results.parse import parse_openai_line
+from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 CHUNK_LABEL_TEMPLATE = "{{ task.chunk['label'] }}"
 
@@ -59,7 +63,13 @@ class SelfHostedGenerateOperator(BaseOperator):
         self.overwrite = overwrite
 
     def execute(self, context: Context) -> dict[str, Any]:
-        """Generate the chunk's answers (unless already complete) and return the completed-batch dict."""
+        """Generate the chunk's answers (unless already complete) and return the completed-batch dict.
+
+        A complete output whose failed lines are all final is reused as it is. One holding lines
+        that failed retryably (429, 5xx, a lost connection: see
+        :func:`~airflow_batch_provider.batches.line_retry.is_retryable`) is completed: on a task
+        retry or a clear only those rows are sent again, every other line is kept.
+        """
         chunk: ChunkDescriptor = self.chunk  # type: ignore[assignment]
         if chunk["endpoint"] not in self.endpoints:
             raise InvalidInputError(
@@ -67,32 +77,64 @@ class SelfHostedGenerateOperator(BaseOperator):
                 f"build the chunk for one of {', '.join(self.endpoints)}."
             )
         output_path = results_path(chunk, self.output_dir)
-        if not self.overwrite:
-            record = load_complete(chunk, self.provider, output_path)
-            if record is not None:
-                self.log.info(
-                    "%s: %s already holds all %d results for fingerprint %s; not generating again "
-                    "(pass overwrite=True to force)",
-                    chunk["label"],
-                    output_path,
-                    chunk["num_requests"],
-                    chunk["fingerprint"][:16],
-                )
-                counts = ResultCounts(**record.get("counts", {}))
-                generation = {**record.get("generation", {}), "reused": True}
-                return completed_batch(
-                    chunk, provider=self.provider, output_path=output_path, counts=counts, generation=generation
-                )
-
         model = self.model or chunk["model"]
+        record = None if self.overwrite else load_complete(chunk, self.provider, output_path)
+        if record is not None:
+            kept, again = split_retryable(output_path)
+            if again:
+                return self._resend(chunk, model, output_path, kept, again)
+            self.log.info(
+                "%s: %s already holds all %d results for fingerprint %s; not generating again "
+                "(pass overwrite=True to force)",
+                chunk["label"],
+                output_path,
+                chunk["num_requests"],
+                chunk["fingerprint"][:16],
+            )
+            counts = ResultCounts(**record.get("counts", {}))
+            generation = {**record.get("generation", {}), "reused": True}
+            return completed_batch(
+                chunk, provider=self.provider, output_path=output_path, counts=counts, generation=generation
+            )
         with atomic_write(output_path) as out:
             counts, generation = self.generate(chunk, model, out.write)
+        return self._finish(chunk, model, output_path, counts, {**generation, "reused": False})
+
+    def _resend(
+        self, chunk: ChunkDescriptor, model: str, output_path: str, kept: list[bytes], again: set[str]
+    ) -> dict[str, Any]:
+        """Send the rows in ``again`` once more and rewrite the output: ``kept`` lines, then their new answers."""
+        self.log.info(
+            "%s: %s holds all %d results, but %d failed retryably; sending only those again and keeping the other %d",
+            chunk["label"],
+            output_path,
+            chunk["num_requests"],
+            len(again),
+            len(kept),
+        )
+        resend_path = str(JobFolder(chunk["job_dir"]).resend_requests(chunk["chunk_index"]))
+        resend = write_followup(chunk["requests_path"], again, resend_path)
+        part: ChunkDescriptor = {**chunk, "requests_path": resend.path, "num_requests": resend.num_requests}
+        counts = ResultCounts()
+        with atomic_write(output_path) as out:
+            for line in kept:
+                out.write(line + b"\n")
+                counts.add(parse_openai_line(line)["status"] == "succeeded")
+            sent, generation = self.generate(part, model, out.write)
+        to_path(resend.path).unlink()
+        counts = ResultCounts(counts.total + sent.total, counts.succeeded + sent.succeeded, counts.failed + sent.failed)
+        generation = {**generation, "reused": False, "resent": len(again), "kept": len(kept)}
+        return self._finish(chunk, model, output_path, counts, generation)
+
+    def _finish(
+        self, chunk: ChunkDescriptor, model: str, output_path: str, counts: ResultCounts, generation: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Check the line count, write the sidecar (the output is complete only then) and return the batch."""
         if counts.total != chunk["num_requests"]:
             raise InvalidInputError(
                 f"{chunk['label']}: wrote {counts.total} result lines for {chunk['num_requests']} requests; "
                 f"the requests file {chunk['requests_path']} does not match its descriptor."
             )
-        generation = {**generation, "reused": False}
         write_meta(
             output_path,
             {
@@ -117,6 +159,19 @@ class SelfHostedGenerateOperator(BaseOperator):
         Return the counts and a JSON-able stats dict (logged and returned under ``generation``).
         """
         raise NotImplementedError
+
+
+def split_retryable(output_path: str) -> tuple[list[bytes], set[str]]:
+    """Return (the output lines to keep, the custom_ids whose line failed retryably and should go again)."""
+    kept: list[bytes] = []
+    again: set[str] = set()
+    for line in iter_lines(output_path):
+        record = parse_openai_line(line)
+        if record["status"] != "succeeded" and is_retryable(record):
+            again.add(record["custom_id"])
+        else:
+            kept.append(line)
+    return kept, again
 
 
 def format_stats(stats: Mapping[str, Any]) -> str:

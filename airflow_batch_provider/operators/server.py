@@ -8,9 +8,11 @@ your own GPUs. Map it over ChunkOperator's output::
     )
 
 Requests go out at most ``max_concurrency`` at a time (default 64: enough to keep a server's
-continuous batching full, few enough not to pile the whole chunk into its queue), 429/5xx and
-connection errors are retried with backoff, and a request that still fails is written as an
-error line — one bad row never fails the chunk. The output is the OpenAI batch output format, so
+continuous batching full, few enough not to pile the whole chunk into its queue), fewer while the
+server turns requests away with 429 (the limit halves, then grows back); 429/5xx and connection
+errors are retried with jittered backoff, and a request that still fails is written as an error
+line — one bad row never fails the chunk. A task retry or a clear sends only the rows that failed
+retryably again and keeps every other line. The output is the OpenAI batch output format, so
 MergeResultsOperator merges it unchanged.
 """
 
@@ -35,9 +37,9 @@ class ServerGenerateOperator(SelfHostedGenerateOperator):
     :param chunk: a chunk descriptor from ChunkOperator (``/v1/chat/completions`` or ``/v1/embeddings``).
     :param conn_id: connection of type ``openai_compatible`` (default ``openai_compatible_default``).
     :param model: model name the server serves; replaces each request's ``model`` when given.
-    :param max_concurrency: requests in flight at once (an ``asyncio.Semaphore``).
-    :param request_retry_policy: attempts and backoff above the SDK's own retries, per request
-        (``retry_policy`` is Airflow's own, for task retries).
+    :param max_concurrency: the most requests in flight at once; fewer while the server answers 429.
+    :param request_retry_policy: attempts and backoff per request (default 8 attempts, 1 s doubling
+        to 30 s; ``retry_policy`` is Airflow's own, for task retries).
     :param timeout: seconds per request.
     :param priority: sent as each request's ``priority`` field (vLLM under
         ``--scheduling-policy priority``: lower is served first, real-time traffic uses 0); give
@@ -130,6 +132,8 @@ class ServerGenerateOperator(SelfHostedGenerateOperator):
             "tokens_per_s": round((run.input_tokens + run.output_tokens) / seconds, 2),
             "max_concurrency": self.max_concurrency,
             "max_in_flight": run.max_in_flight,
+            "throttled": run.throttled,
+            "lowest_concurrency": run.lowest_concurrency,
         }
         if run.counts.failed:
             self.log.warning(

@@ -100,6 +100,7 @@ class SubmitBatchOperator(BaseOperator):
         dag_id, run_id, map_index = task_ids(context, str(self.dag_id))
         key = idempotency_key(dag_id, run_id, self.task_id, map_index, chunk["fingerprint"])
         metadata = batch_metadata(self.metadata, key, dag_id, run_id, f"{self.task_id}[{map_index}]", chunk["label"])
+        metrics = BatchMetrics.from_context(context, provider=chunk["provider"], model=chunk["model"])
         submitted = submit_once(
             hook,
             chunk,
@@ -108,10 +109,10 @@ class SubmitBatchOperator(BaseOperator):
             metadata=metadata,
             log=self.log,
             prepare=lambda: self._prepare(chunk),
+            metrics=metrics,
         )
         self.log.info("%s: %d requests in batch %s", chunk["label"], chunk["num_requests"], submitted["batch_id"])
         remember_batch_url(self, hook.batch_url(submitted["batch_id"]))
-        metrics = BatchMetrics.from_context(context, provider=chunk["provider"], model=chunk["model"])
         metrics.requests_in_flight(chunk["num_requests"], chunk_index=chunk["chunk_index"])
         return submitted
 

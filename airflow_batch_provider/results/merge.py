@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from airflow_batch_provider.batches.line_retry import describe_failure, read_custom_ids, retry_path
+from airflow_batch_provider.batches.line_retry import output_error_code, read_custom_ids, retry_path
 from airflow_batch_provider.chunking.incremental import read_carried
-from airflow_batch_provider.descriptors import CompletedBatch, ResultRecord
+from airflow_batch_provider.descriptors import RESULT_COLUMNS, CompletedBatch, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.job_folder import OutputFolder
@@ -38,16 +38,6 @@ from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 log = logging.getLogger(__name__)
 
-RESULT_COLUMNS = (
-    "status",
-    "response",
-    "finish_reason",
-    "error",
-    "input_tokens",
-    "output_tokens",
-    "batch_id",
-    "attempts",
-)
 _PREFERENCE = {"succeeded": 0, "invalid_output": 1, "errored": 2, "expired": 3, "canceled": 4, "missing": 5}
 
 
@@ -130,7 +120,7 @@ def join_results(
     reason in ``error``.
     """
     for name in RESULT_COLUMNS:
-        if name in rows.column_names:  # a source column of the same name would be ambiguous
+        if name in rows.column_names:  # the chunk step refuses these; a rows file from elsewhere may not
             raise ResultsError(
                 f"The source table has a column named {name!r}, which the merged output uses; rename it."
             )
@@ -161,23 +151,50 @@ def join_results(
     parsed: dict[str, pa.Array] = {}
     if validator is not None:
         columns["status"], columns["error"], error_code, parsed = _validate(
-            validator, columns["status"], columns["response"], columns["error"], error_code
+            validator, columns["status"], columns["response"], columns["error"], error_code, columns["finish_reason"]
         )
+    columns["error_code"] = _output_codes(columns["status"], error_code, kept.column("http_status"))
     table = rows
     for name in RESULT_COLUMNS:
         table = table.append_column(name, columns[name])
     for name, values in parsed.items():
         table = table.append_column(name, values)
-    stats = _stats(table, error_code, kept.column("http_status"), chunk.results, ids)
+    stats = _stats(table, chunk.results, ids)
     return table, stats
 
 
+def _flat(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def _output_codes(status: pa.Array, error_code: pa.Array, http_status: pa.Array) -> pa.Array:
+    """Return each row's output ``error_code`` (see :func:`.line_retry.output_error_code`)."""
+    status, error_code, http_status = _flat(status), _flat(error_code), _flat(http_status)
+    failed = pc.fill_null(pc.not_equal(status, "succeeded"), False)
+    where = pc.indices_nonzero(failed)
+    codes = pa.nulls(len(status), pa.string())
+    if not len(where):
+        return codes
+    found = zip(status.take(where).to_pylist(), error_code.take(where).to_pylist(), http_status.take(where).to_pylist())
+    values = [output_error_code({"status": s, "error_code": c, "http_status": h}) for s, c, h in found]  # type: ignore[typeddict-item]
+    return pc.replace_with_mask(codes, failed, pa.array(values, pa.string()))
+
+
 def _validate(
-    validator: OutputValidator, status: pa.Array, response: pa.Array, error: pa.Array, error_code: pa.Array
+    validator: OutputValidator,
+    status: pa.Array,
+    response: pa.Array,
+    error: pa.Array,
+    error_code: pa.Array,
+    finish_reason: pa.Array,
 ) -> tuple[pa.Array, pa.Array, pa.Array, dict[str, pa.Array]]:
-    """Parse and check every succeeded answer: return the new status, error, error_code and parsed columns."""
+    """Parse and check every succeeded answer: return the new status, error, error_code and parsed columns.
+
+    An answer cut off at max_tokens says so: code ``truncated`` and ``finish_reason=length`` in the error.
+    """
     statuses, answers = status.to_pylist(), response.to_pylist()
     errors, codes = error.to_pylist(), error_code.to_pylist()
+    finished = finish_reason.to_pylist()
     parsed: dict[str, list[Any]] = {col: [None] * len(statuses) for col, _ in validator.columns.values()}
     for i, current in enumerate(statuses):
         if current != "succeeded":
@@ -185,6 +202,9 @@ def _validate(
         values, reason = validator.parse(answers[i])
         if values is None:
             statuses[i], errors[i], codes[i] = "invalid_output", reason, "schema"
+            if finished[i] == "length":
+                errors[i] = f"answer cut off at max_tokens (finish_reason=length); raise max_tokens: {reason}"
+                codes[i] = "truncated"
             continue
         for col in parsed:
             parsed[col][i] = values.get(col)
@@ -197,10 +217,8 @@ def _validate(
     )
 
 
-def _stats(
-    table: pa.Table, error_code: pa.Array, http_status: pa.Array, results: pa.Table, ids: pa.ChunkedArray
-) -> MergeStats:
-    """Count one merged chunk: statuses, tokens (all, and this run's), retries and failures."""
+def _stats(table: pa.Table, results: pa.Table, ids: pa.ChunkedArray) -> MergeStats:
+    """Count one merged chunk: statuses, tokens (all, and this run's), retries, truncations and failures."""
     status, tries = table.column("status"), table.column("attempts")
     stats = MergeStats(rows=table.num_rows, chunks=1)
     counts = pc.value_counts(status)
@@ -219,22 +237,21 @@ def _stats(
         keep_examples(stats.truncated_examples, ids.filter(pc.fill_null(truncated, False)).to_pylist())
     failed = pc.not_equal(status, "succeeded")
     if _count(failed):
-        details = pa.table(
-            {
-                "custom_id": ids,
-                "status": status,
-                "error": table.column("error"),
-                "error_code": error_code,
-                "http_status": http_status,
-            }
-        ).filter(failed)
-        for rec in details.to_pylist():
-            kind = describe_failure(rec)
+        details = table.select(["custom_id", "status", "error_code", "error"]).filter(failed).to_pylist()
+        for row in details:
+            kind = f"{row['status']}/{row['error_code'] or '-'}"  # not the message: it may quote the answer
             stats.errors[kind] += 1
-            keep_examples(stats.error_examples.setdefault(kind, []), [rec["custom_id"]])
+            keep_examples(stats.error_examples.setdefault(kind, []), [row["custom_id"]])
+            if kind not in stats.error_messages and row["error"]:
+                stats.error_messages[kind] = _short(row["error"])
     answered_ids = pc.unique(results.column("custom_id"))
     stats.unmatched_results = len(answered_ids) - _count(pc.is_in(answered_ids, value_set=ids))
     return stats
+
+
+def _short(message: str, limit: int = 120) -> str:
+    text = " ".join(message.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def chunk_attempts(batch: Mapping[str, Any]) -> list[BatchState]:
@@ -264,10 +281,7 @@ def collect_attempts(hook: BatchHook | None, batch: Mapping[str, Any], endpoint:
         parts.append(_tagged(carried.cast(schema.append(pa.field("batch_id", pa.string()))), "", 0))
     for number, state in enumerate(chunk_attempts(batch), 1):
         assert hook is not None, "a chunk with attempts needs a hook to read them"
-        try:
-            found = concat_results(list(hook.iter_result_tables(state, response_type)), response_type)
-        except ResultsError as exc:
-            raise ResultsError(f"{batch['label']}: results of batch {state.batch_id} are unreadable: {exc}") from exc
+        found = _read_results(hook, state, response_type, batch["label"])
         parts.append(_tagged(found, state.batch_id, number))
         if number > 1:
             path = retry_path(batch["job_dir"], batch["chunk_index"], number)
@@ -279,6 +293,34 @@ def collect_attempts(hook: BatchHook | None, batch: Mapping[str, Any], endpoint:
             resent.insert(0, _tagged(pa.table({"custom_id": pa.array(sent, pa.string())}), state.batch_id, number))
     results = pa.concat_tables(parts) if parts else _tagged(schema.empty_table(), "", 0)
     return ChunkResults(rank_results(results), pa.concat_tables(resent) if resent else _no_resent())
+
+
+# What a result that does not parse raises, besides ResultsError: Arrow conversions and plain value errors.
+_PARSE_ERRORS = (pa.ArrowException, ValueError, TypeError, KeyError, UnicodeDecodeError)
+
+
+def _read_results(hook: BatchHook, state: BatchState, response_type: pa.DataType, label: str) -> pa.Table:
+    """Read one batch's results; wrap any parsing failure in ResultsError naming the chunk, batch and line."""
+    tables: list[pa.Table] = []
+    lines_before = 0  # result lines (one row each) in the blocks already read
+    try:
+        for table in hook.iter_result_tables(state, response_type):
+            tables.append(table)
+            lines_before += table.num_rows
+    except ResultsError as exc:
+        where = f" at result line {lines_before + exc.line}" if exc.line is not None else ""
+        raise ResultsError(_unreadable(label, state.batch_id, where, exc), line=exc.line) from exc
+    except _PARSE_ERRORS as exc:
+        where = f" after result line {lines_before}"
+        raise ResultsError(_unreadable(label, state.batch_id, where, f"{type(exc).__name__}: {exc}")) from exc
+    return concat_results(tables, response_type)
+
+
+def _unreadable(label: str, batch_id: str, where: str, reason: object) -> str:
+    return (
+        f"{label}: results of batch {batch_id} are unreadable{where}: {reason}. The batch is paid for and its "
+        "results stay with the provider: fix what is named here (or report it), then clear the merge task."
+    )
 
 
 def _no_resent() -> pa.Table:

@@ -7,8 +7,11 @@ odd line cannot sink a 50,000-row merge.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
+import numpy as np
 import orjson
 
 from airflow_batch_provider.descriptors import ResultRecord, ResultStatus
@@ -36,12 +39,28 @@ def _record(custom_id: str, status: ResultStatus, **fields: Any) -> ResultRecord
     }
 
 
+def decode_embedding(value: Any) -> Any:
+    """Return an embedding as a list of floats; ``encoding_format: "base64"`` sends little-endian float32 bytes.
+
+    The openai SDK asks for base64 by default (it is a third of the size), so batch lines may hold either.
+    """
+    if not isinstance(value, str):
+        return value
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ResultsError(f"embedding is a string but not base64 ({exc})") from exc
+    if len(raw) % 4:
+        raise ResultsError(f"base64 embedding has {len(raw)} bytes, not a whole number of float32 values")
+    return np.frombuffer(raw, dtype="<f4").tolist()
+
+
 def _openai_body_text(body: dict[str, Any]) -> tuple[Any, str | None]:
     """Return (response, finish_reason) from a successful OpenAI response body."""
     obj = body.get("object")
     if obj == "list" and isinstance(body.get("data"), list):  # embeddings
         data = body["data"]
-        return (data[0].get("embedding") if data else None), None
+        return (decode_embedding(data[0].get("embedding")) if data else None), None
     choices = body.get("choices")
     if isinstance(choices, list) and choices:
         choice = choices[0]
@@ -95,7 +114,10 @@ def parse_openai_line(line: bytes | str) -> ResultRecord:
             http_status=status_code,
         )
     usage = body.get("usage") or {}
-    text, finish_reason = _openai_body_text(body)
+    try:
+        text, finish_reason = _openai_body_text(body)
+    except ResultsError as exc:
+        raise ResultsError(f"result for custom_id {custom_id!r}: {exc}") from exc
     return _record(
         custom_id,
         "succeeded",

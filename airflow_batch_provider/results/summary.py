@@ -34,14 +34,15 @@ class MergeStats:
     requests_sent: int = 0  # requests in the chunks' first batches
     requests_resent: int = 0  # ... plus these, sent again in follow-up batches (line retries)
     batches: int = 0  # batches created, follow-ups included
-    errors: Counter[str] = field(default_factory=Counter)  # "status/code: message" of every failed row
+    errors: Counter[str] = field(default_factory=Counter)  # failed rows per "status/code" (e.g. "errored/server_error")
+    error_messages: dict[str, str] = field(default_factory=dict)  # the first message seen per "status/code"
     carried_rows: int = 0  # unchanged rows whose stored result was kept (skip_unchanged)
     new_input_tokens: int = 0  # tokens of rows sent in this run (what this run pays for)
     new_output_tokens: int = 0
     retried_rows: int = 0  # rows sent in more than one batch
     recovered_rows: int = 0  # ... that succeeded in the end
-    error_examples: dict[str, list[str]] = field(default_factory=dict)  # error kind -> a few custom_ids
-    truncated_rows: int = 0  # answers cut by the output-token cap (finish_reason "length")
+    error_examples: dict[str, list[str]] = field(default_factory=dict)  # "status/code" -> a few custom_ids
+    truncated_rows: int = 0  # answers cut off at max_tokens (finish_reason "length"), whatever their status
     truncated_examples: list[str] = field(default_factory=list)
 
     @property
@@ -55,6 +56,8 @@ class MergeStats:
         self.chunks += other.chunks
         self.statuses.update(other.statuses)
         self.errors.update(other.errors)
+        for kind, message in other.error_messages.items():
+            self.error_messages.setdefault(kind, message)
         self.retried_rows += other.retried_rows
         self.carried_rows += other.carried_rows
         self.recovered_rows += other.recovered_rows
@@ -71,9 +74,21 @@ class MergeStats:
         self.truncated_rows += other.truncated_rows
         keep_examples(self.truncated_examples, other.truncated_examples)
 
+    def top_errors(self, count: int) -> list[list[Any]]:
+        """Return the ``count`` most common failures as ``[["status/code: first message", rows], ...]``.
+
+        Grouped by status and code, not by message: a message often quotes the answer (a cut-off
+        JSON text), which would split one cause into thousands of buckets of one.
+        """
+        return [[self._label(kind), rows] for kind, rows in self.errors.most_common(count)]
+
+    def _label(self, kind: str) -> str:
+        message = self.error_messages.get(kind)
+        return f"{kind}: {message}" if message else kind
+
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able summary."""
-        top = self.errors.most_common(TOP_ERRORS)
+        top = [kind for kind, _ in self.errors.most_common(TOP_ERRORS)]
         return {
             "rows": self.rows,
             "chunks": self.chunks,
@@ -83,8 +98,9 @@ class MergeStats:
             "carried_rows": self.carried_rows,
             "retried_rows": self.retried_rows,
             "recovered_rows": self.recovered_rows,
-            "top_errors": [[what, count] for what, count in top],
-            "error_examples": {what: self.error_examples.get(what, []) for what, _ in top},
+            "top_errors": self.top_errors(TOP_ERRORS),
+            # Keyed like top_errors' entries, so the run report can put the ids next to them.
+            "error_examples": {self._label(kind): self.error_examples.get(kind, []) for kind in top},
             "truncated_rows": self.truncated_rows,
             "truncated_examples": list(self.truncated_examples),
             "input_tokens": self.input_tokens,
@@ -111,6 +127,8 @@ def format_summary_table(summary: dict[str, Any], extra: Sequence[tuple[str, str
     rows += [(f"status {name}", f"{count:,}") for name, count in summary["statuses"].items()]
     if summary.get("retried_rows"):
         rows.append(("rows retried", f"{summary['retried_rows']:,} ({summary.get('recovered_rows', 0):,} recovered)"))
+    if summary.get("truncated_rows"):
+        rows.append(("cut off at max_tokens", f"{summary['truncated_rows']:,} (finish_reason=length)"))
     rows += [(f"error x{count:,}", what) for what, count in summary.get("top_errors", [])[:3]]
     rows += [
         ("input tokens", f"{summary['input_tokens']:,}"),

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from airflow_batch_provider.descriptors import ResultRecord
+from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.results.parse import parse_openai_line
 
 RESULT_FIELDS = (
@@ -90,10 +91,26 @@ def result_schema(response_type: pa.DataType = TEXT) -> pa.Schema:
 
 
 def records_to_table(records: Iterable[ResultRecord], response_type: pa.DataType = TEXT) -> pa.Table:
-    """Return a result table holding ``records`` in order."""
+    """Return a result table holding ``records`` in order.
+
+    Raises :class:`~airflow_batch_provider.exceptions.ResultsError` naming the first record (its
+    1-based position as ``line``, and its custom_id) whose values do not fit the result schema.
+    """
     rows = list(records)
     schema = result_schema(response_type)
-    return pa.table({name: [r[name] for r in rows] for name in RESULT_FIELDS}, schema=schema)  # type: ignore[literal-required]
+    try:
+        return pa.table({name: [r[name] for r in rows] for name in RESULT_FIELDS}, schema=schema)  # type: ignore[literal-required]
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
+        for number, row in enumerate(rows, 1):
+            try:
+                pa.table({name: [row[name]] for name in RESULT_FIELDS}, schema=schema)  # type: ignore[literal-required]
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as bad:
+                raise ResultsError(
+                    f"result for custom_id {row['custom_id']!r} does not fit the result schema "
+                    f"(response should be {schema.field('response').type}): {bad}",
+                    line=number,
+                ) from bad
+        raise ResultsError(f"results do not fit the result schema: {exc}") from exc
 
 
 def iter_record_tables(records: Iterable[ResultRecord], response_type: pa.DataType = TEXT) -> Iterator[pa.Table]:
@@ -134,19 +151,40 @@ def openai_result_table(block: bytes, response_type: pa.DataType = TEXT) -> pa.T
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             parsed = None  # a field of another type somewhere in the block: parse it line by line
     if parsed is None or parsed.column("custom_id").null_count:
-        return records_to_table(map(parse_openai_line, _lines(block)), response_type)
+        return _parse_lines(_lines(block), None, response_type)
     common, table = _common_lines(parsed)
     if common.true_count == len(common):
         return table
     lines = _lines(block)
     if len(lines) != parsed.num_rows:  # the reader and the splitter disagree on lines: trust the splitter
-        return records_to_table(map(parse_openai_line, lines), response_type)
+        return _parse_lines(lines, None, response_type)
     others = pc.indices_nonzero(pc.invert(common)).to_pylist()
-    rest = records_to_table((parse_openai_line(lines[i]) for i in others), response_type)
+    rest = _parse_lines(lines, others, response_type)
     merged = pa.concat_tables([table, rest])
     # Back to line order: the merge keeps the first of two equally good results for one custom_id.
     position = pa.concat_arrays([pc.indices_nonzero(common), pa.array(others, type=pa.uint64())])
     return merged.take(pc.sort_indices(position))
+
+
+def _parse_lines(lines: list[bytes], which: list[int] | None, response_type: pa.DataType) -> pa.Table:
+    """Parse ``lines`` (or those at the 0-based positions ``which``) one by one into a result table.
+
+    A ResultsError names the 1-based line of the block at fault (``line``), so the merge can name
+    it in the result file.
+    """
+    positions = range(len(lines)) if which is None else which
+    records = []
+    for at in positions:
+        try:
+            records.append(parse_openai_line(lines[at]))
+        except ResultsError as exc:
+            raise ResultsError(str(exc), line=at + 1) from exc
+    try:
+        return records_to_table(records, response_type)
+    except ResultsError as exc:
+        if exc.line is None:
+            raise
+        raise ResultsError(str(exc), line=positions[exc.line - 1] + 1) from exc
 
 
 def _lines(block: bytes) -> list[bytes]:

@@ -45,7 +45,7 @@ from airflow_batch_provider.batches.line_retry import (
     nothing_to_retry,
     plan_followup,
 )
-from airflow_batch_provider.batches.submission import submit_tagged
+from airflow_batch_provider.batches.submission import cancel_siblings, submit_tagged
 from airflow_batch_provider.batches.token_budget import RefusalStep, is_token_limit_refusal, refusal_step
 from airflow_batch_provider.descriptors import ChunkDescriptor, CompletedBatch, SubmittedBatch
 from airflow_batch_provider.exceptions import BatchCancelledError, BatchPollError, BatchProviderError, BatchTimeoutError
@@ -173,7 +173,17 @@ class BatchCompleteSensor(BaseSensorOperator):
             self._record = WaitRecord.from_dict(data)
         else:  # the first run, or a record of an earlier submission (submit made a new batch)
             self._record = WaitRecord.start(origin)
+            self._cancel_siblings(context, origin)
         return self._record
+
+    def _cancel_siblings(self, context: Context, keep: str) -> None:
+        """On first sight of the batch: cancel other live batches with its idempotency key (late orphan creates)."""
+        key = self.batch.get("idempotency_key")
+        if not key:
+            return
+        cancelled = cancel_siblings(self.hook, cast(ChunkDescriptor, self.batch), key, keep, since=None, log=self.log)
+        metrics = BatchMetrics.from_context(context, provider=self.batch["provider"], model=self.batch["model"])
+        metrics.duplicates_cancelled(len(cancelled))
 
     def _save(self) -> None:
         if self._checkpoint is not None and self._record is not None:

@@ -39,7 +39,9 @@ nested lists, struct, map              JSONB                        JSON (text)
 Embeddings go to a native ``REAL[]`` on PostgreSQL (exact float32 values, no JSON parsing, and a
 direct cast to pgvector) and to a JSON array on SQLite, which has no array type; both read back as
 Python lists of floats. The key column is the primary key. A part that brings a column the table
-lacks adds it (nullable); columns the part lacks are left as they are.
+lacks adds it (nullable); columns the part lacks are left as they are. A column whose type changed
+(say ``response`` went from text to an embedding array) is refused, and on PostgreSQL NUL
+characters are removed from strings: see :mod:`airflow_batch_provider.sinks.sql_types`.
 """
 
 from __future__ import annotations
@@ -47,20 +49,19 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
-from airflow_batch_provider.exceptions import BatchProviderError
+from airflow_batch_provider.exceptions import SinkError
+from airflow_batch_provider.sinks.sql_types import check_column_types, column_type, strip_nul
 
-if TYPE_CHECKING:
-    from sqlalchemy.types import TypeEngine
+__all__ = ["SinkError", "SqlUpsertSink", "column_type", "engine_url"]
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,6 @@ _LIBPQ_EXTRAS = (
     "options",
     "target_session_attrs",
 )
-
-
-class SinkError(BatchProviderError):
-    """A merged part could not be written to (or read from) the sink; the message names table and chunk."""
 
 
 # -- connection → engine -----------------------------------------------------------------------------
@@ -115,66 +112,6 @@ def engine_url(conn: Any) -> URL:
     raise SinkError(
         f"Connection {conn.conn_id!r} has type {conn.conn_type!r}; SqlUpsertSink supports postgres and sqlite."
     )
-
-
-# -- Arrow → SQL types -------------------------------------------------------------------------------
-
-
-def _array_item_type(item: pa.DataType) -> TypeEngine[Any] | None:
-    """Return the PostgreSQL array element type for a list item type, or None when it needs JSON."""
-    if pa.types.is_dictionary(item):
-        item = item.value_type
-    if pa.types.is_float16(item) or pa.types.is_float32(item):
-        return sa.REAL()
-    if pa.types.is_float64(item):
-        return sa.Double()
-    if pa.types.is_integer(item) and not pa.types.is_uint64(item):
-        return sa.BigInteger()
-    if pa.types.is_boolean(item):
-        return sa.Boolean()
-    if pa.types.is_string(item) or pa.types.is_large_string(item):
-        return sa.Text()
-    return None
-
-
-def _list_type(dtype: pa.DataType) -> TypeEngine[Any]:
-    item = _array_item_type(dtype.value_type)
-    if item is not None:
-        return sa.JSON().with_variant(postgresql.ARRAY(item), "postgresql")
-    return sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
-
-
-def _is_any(*checks: Callable[[pa.DataType], bool]) -> Callable[[pa.DataType], bool]:
-    return lambda dtype: any(check(dtype) for check in checks)
-
-
-# Arrow type test → SQLAlchemy type, first match wins (the module's table, in code).
-_COLUMN_TYPES: tuple[tuple[Callable[[pa.DataType], bool], Callable[[pa.DataType], TypeEngine[Any]]], ...] = (
-    (_is_any(pa.types.is_string, pa.types.is_large_string, pa.types.is_null), lambda _: sa.Text()),
-    (pa.types.is_boolean, lambda _: sa.Boolean()),
-    (pa.types.is_uint64, lambda _: sa.Numeric(20, 0)),
-    (pa.types.is_integer, lambda _: sa.BigInteger()),
-    (_is_any(pa.types.is_float16, pa.types.is_float32), lambda _: sa.REAL()),
-    (pa.types.is_floating, lambda _: sa.Double()),
-    (pa.types.is_decimal, lambda t: sa.Numeric(t.precision, t.scale)),
-    (pa.types.is_timestamp, lambda t: sa.DateTime(timezone=t.tz is not None)),
-    (pa.types.is_date, lambda _: sa.Date()),
-    (pa.types.is_time, lambda _: sa.Time()),
-    (pa.types.is_duration, lambda _: sa.Interval()),
-    (_is_any(pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary), lambda _: sa.LargeBinary()),
-    (_is_any(pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list), _list_type),
-    (_is_any(pa.types.is_struct, pa.types.is_map), lambda _: sa.JSON().with_variant(postgresql.JSONB(), "postgresql")),
-)
-
-
-def column_type(dtype: pa.DataType) -> TypeEngine[Any]:
-    """Return the SQLAlchemy type for an Arrow type (see the module's table); raise SinkError if unsupported."""
-    if pa.types.is_dictionary(dtype):
-        dtype = dtype.value_type
-    for matches, make in _COLUMN_TYPES:
-        if matches(dtype):
-            return make(dtype)
-    raise SinkError(f"Arrow type {dtype} has no SQL column type in SqlUpsertSink; cast the column first.")
 
 
 # -- the sink ----------------------------------------------------------------------------------------
@@ -245,15 +182,27 @@ class SqlUpsertSink:
             log.info("%s: empty part, nothing to write", where)
             return 0
         started = time.monotonic()
+        if self.engine.dialect.name == "postgresql":  # its text cannot hold U+0000: see sql_types
+            table, changed, first = strip_nul(table, self.key)
+            if changed:
+                log.warning(
+                    "%s: removed NUL characters (which PostgreSQL text cannot hold) from %d value(s), e.g. in %s "
+                    "%r; the parquet part keeps them",
+                    where,
+                    changed,
+                    self.key,
+                    first,
+                )
         try:
-            target = self._ensure_table(table.schema)
+            target = self._ensure_table(table.schema, where)
             statement = self._upsert_statement(target, table.column_names)
             batches = 0
             with self.engine.begin() as conn:
                 for rows in self._row_batches(table):
                     conn.execute(statement, rows)
                     batches += 1
-        except sa.exc.SQLAlchemyError as exc:
+        except (sa.exc.SQLAlchemyError, ValueError, TypeError, OverflowError) as exc:
+            # The driver raises plain ValueError/TypeError for values it cannot send (not wrapped by SQLAlchemy).
             raise SinkError(f"{where}: the part was not written (rolled back): {_short(exc)}") from exc
         log.info(
             "%s: upserted %d rows in %d batch(es), one transaction, %.2f s",
@@ -288,16 +237,19 @@ class SqlUpsertSink:
         with self.engine.connect() as conn:
             return bool(sa.inspect(conn).has_table(self.table_name, schema=self.schema))
 
-    def _ensure_table(self, schema: pa.Schema) -> sa.Table:
+    def _ensure_table(self, schema: pa.Schema, where: str) -> sa.Table:
         """Create the table if missing, or add the part's missing columns; return it reflected.
 
-        Schema changes run in their own transactions before the data's: a part that then fails
-        leaves at most an empty table or a new, empty column behind.
+        A column whose type no longer fits the table is refused first (see
+        :func:`~airflow_batch_provider.sinks.sql_types.check_column_types`). Schema changes run in
+        their own transactions before the data's: a part that then fails leaves at most an empty
+        table or a new, empty column behind.
         """
         if not self._has_table():
             self._create(schema)
         with self.engine.begin() as conn:
             target = self._reflect(conn)
+            check_column_types(target, schema, conn.dialect, where)
             missing = [f for f in schema if f.name not in target.c]
             if missing:
                 prep = conn.dialect.identifier_preparer

@@ -1,7 +1,8 @@
 """BatchCompleteTrigger: wait for a provider batch to end, on the triggerer, without a worker.
 
-``run()`` only awaits (the async SDK client and ``asyncio.sleep``), yields exactly one
-terminal event, and is safe to run twice: a restarted triggerer simply polls again.
+``run()`` only awaits (the async SDK client, ``asyncio.sleep``, and worker threads for what
+would block: building the hook, writing the cancel marker), yields exactly one terminal event,
+and is safe to run twice: a restarted triggerer simply polls again.
 
 The trigger carries the sensor's small retry record (``carry``) and hands it back in every
 event, so ``execute_complete`` knows which attempt it is looking at even without a task
@@ -116,8 +117,14 @@ class BatchCompleteTrigger(BaseTrigger):
         return get_batch_hook(self.provider, self.conn_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Poll until terminal; yield exactly one event."""
-        hook = self.hook
+        """Poll until terminal; yield exactly one event.
+
+        Nothing here may hold the triggerer's event loop, which runs every deferred task of the
+        deployment: the hook is built in a worker thread (its first use imports the provider's SDK,
+        a few hundred ms), and the hooks read their connection and build their async client off
+        the loop too (:meth:`~airflow_batch_provider.hooks.base.BatchHook.aget_client`).
+        """
+        hook = await asyncio.to_thread(lambda: self.hook)
         try:
             async for event in self._poll(hook):
                 yield event
@@ -194,7 +201,7 @@ class BatchCompleteTrigger(BaseTrigger):
                 await asyncio.to_thread(mark_cancelled_by_us, self.job_dir, self.batch_id, "its task was killed")
             except OSError as exc:
                 self.log.warning("could not record the cancel of batch %s in %s: %s", self.batch_id, self.job_dir, exc)
-        hook = self.cancel_hook
+        hook = await asyncio.to_thread(lambda: self.cancel_hook)
         try:
             await hook.acancel(self.batch_id)
             self.log.info("cancelled batch %s because its task was killed", self.batch_id)

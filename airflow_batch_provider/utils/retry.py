@@ -33,9 +33,15 @@ class RetryPolicy:
     max_delay: float = 60.0
 
     def delay(self, attempt: int, retry_after: float | None) -> float:
-        """Return the wait before attempt ``attempt + 1`` (attempt counts from 1)."""
+        """Return the wait before attempt ``attempt + 1`` (attempt counts from 1).
+
+        A ``Retry-After`` is a lower bound, not an appointment: every request the server turned
+        away at once is told the same value, and waiting exactly that long would send them all back
+        together, to be turned away together again. So up to a quarter more is added at random.
+        """
         if retry_after is not None and retry_after > 0:
-            return min(retry_after, self.max_delay)
+            wait = min(retry_after, self.max_delay)
+            return wait * (1 + random.random() / 4)
         backoff = min(self.base_delay * 2 ** (attempt - 1), self.max_delay)
         return backoff * (0.5 + random.random() / 2)
 
@@ -46,8 +52,14 @@ Classifier = Callable[[BaseException], tuple[bool, float | None]]
 """Return (retryable, retry_after_seconds) for an exception raised by a provider call."""
 
 
-def call_with_retries(fn: Callable[[], T], *, what: str, classify: Classifier, policy: RetryPolicy) -> T:
-    """Call ``fn`` until it succeeds, a non-retryable error occurs, or attempts run out."""
+def call_with_retries(
+    fn: Callable[[], T], *, what: str, classify: Classifier, policy: RetryPolicy, within: float | None = None
+) -> T:
+    """Call ``fn`` until it succeeds, a non-retryable error occurs, or attempts run out.
+
+    ``within`` (seconds) also bounds the whole call: no attempt starts after that time has passed.
+    """
+    give_up_at = None if within is None else time.monotonic() + within
     for attempt in range(1, policy.attempts + 1):
         try:
             return fn()
@@ -56,6 +68,10 @@ def call_with_retries(fn: Callable[[], T], *, what: str, classify: Classifier, p
             if not retryable or attempt == policy.attempts:
                 raise ProviderCallError(f"{what} failed after {attempt} attempt(s): {exc}") from exc
             wait = policy.delay(attempt, retry_after)
+            if give_up_at is not None and time.monotonic() + wait > give_up_at:
+                raise ProviderCallError(
+                    f"{what} failed after {attempt} attempt(s) and is not retried past {within:.0f} s: {exc}"
+                ) from exc
             log.warning("%s failed (%s); retrying in %.1f s (attempt %d/%d)", what, exc, wait, attempt, policy.attempts)
             time.sleep(wait)
     raise AssertionError("unreachable")  # pragma: no cover

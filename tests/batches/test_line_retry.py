@@ -178,3 +178,19 @@ def test_cancel_markers(tmp_path):
     mark_cancelled_by_us(str(tmp_path), "batch_1", "its task was killed")
     assert cancelled_by_us(str(tmp_path), "batch_1") == "its task was killed"
     assert cancelled_by_us(str(tmp_path), "batch_2") is None
+
+
+def test_a_provider_batch_id_cannot_escape_the_job_folder(tmp_path):
+    """A batch id is the provider's text: ``../../x`` must not become a path outside the job folder."""
+    job = tmp_path / "job"
+    hostile = ["../../x", "a/b", "a_b/..", "arn:aws:bedrock:us-east-1:1:model-invocation-job/abc", "x" * 300]
+    for batch_id in hostile:
+        mark_cancelled_by_us(str(job), batch_id, f"cancelled {batch_id[:10]}")
+        assert cancelled_by_us(str(job), batch_id) == f"cancelled {batch_id[:10]}"
+    written = sorted(p for p in tmp_path.rglob("*") if p.is_file())
+    assert len(written) == len(hostile)  # each id its own marker
+    assert all(p.parent == job / "retries" / "cancelled" for p in written)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "x.json").exists()
+    assert cancelled_by_us(str(job), "a_b") is None  # a cleaned id never reads another's marker
+    mark_cancelled_by_us(str(job), "batch_abc123", "plain")
+    assert (job / "retries" / "cancelled" / "batch_abc123.json").exists()  # plain ids stay readable

@@ -79,6 +79,45 @@ def test_truncated_jsonl_names_the_row(emulator, tmp_path):
     _no_chunks_left(tmp_path / "job")
 
 
+READ_ERRORS = [
+    pytest.param("p.csv", b"", "The file is empty: write a header row", id="empty-csv"),
+    pytest.param("p.jsonl", b"", "The file is empty: write one JSON object per line", id="empty-jsonl"),
+    pytest.param(
+        "p.csv",
+        b'id,title,note\n1,"two\nlines",a\n2,lamp\n3,kettle,c\n',
+        "Line 4 has 2 field(s) where the header has 3: quote values that contain the delimiter",
+        id="ragged-csv-after-a-multi-line-value",
+    ),
+    pytest.param(
+        "p.jsonl",
+        b'{"id": 1, "title": "a"}\n{"id": 2, "title": "b"}\n{"id": 3, "title": \n{"id": 4, "title": "d"}\n',
+        "Line 3 is not one complete JSON object",
+        id="malformed-jsonl-line",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "content", "hint"), READ_ERRORS)
+def test_read_errors_get_a_hint_that_fits_them(emulator, tmp_path, name, content, hint):
+    """Not "column types are inferred from the first block", which is wrong for all of these."""
+    source = tmp_path / name
+    source.write_bytes(content)
+    with pytest.raises(InvalidInputError, match=f"Cannot read .*{name}") as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert hint in str(info.value)
+    assert "inferred from the first block" not in str(info.value)
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_a_csv_value_of_another_type_after_the_first_block_says_types_are_inferred(emulator, tmp_path):
+    source = tmp_path / "p.csv"
+    lines = [f"{i},title {i},{i}" for i in range(600_000)]  # more than the reader's first 8 MB block
+    source.write_text("id,title,price\n" + "\n".join(lines) + "\n1000000,late,cheap\n")
+    with pytest.raises(InvalidInputError, match="inferred from the first block of the file") as info:
+        _chunk_only(source, tmp_path / "job")
+    assert "parquet" in str(info.value) and "'cheap'" in str(info.value)
+
+
 def test_missing_input_file(emulator, tmp_path):
     with pytest.raises(InvalidInputError, match="does not exist"):
         _chunk_then_submit(tmp_path / "nowhere.parquet", tmp_path / "job")
@@ -188,8 +227,36 @@ def test_duplicate_ids_name_both_rows(emulator, tmp_path):
 
 def test_null_and_empty_ids_name_the_rows(emulator, tmp_path):
     source = _parquet(tmp_path / "p.parquet", id=["a", None, "", "d"], title=["w", "x", "y", "z"])
-    with pytest.raises(InvalidInputError, match="null or empty id in column 'id': 2 row\\(s\\) at position 1, 2"):
+    with pytest.raises(InvalidInputError, match="null, NaN or empty id in column 'id': 2 row\\(s\\) at position 1, 2"):
         _chunk_then_submit(source, tmp_path / "job")
+
+
+def test_nan_ids_are_refused_like_nulls_naming_the_rows(emulator, tmp_path):
+    """A float id column with NaN would be sent as custom_id 'nan' (two NaNs: a 'duplicate')."""
+    nan = float("nan")
+    source = _parquet(tmp_path / "p.parquet", id=[1.0, nan, 3.0, nan], title=["w", "x", "y", "z"])
+    with pytest.raises(InvalidInputError, match="null, NaN or empty id in column 'id': 2 row\\(s\\) at position 1, 3"):
+        _chunk_then_submit(source, tmp_path / "job")
+    assert emulator.stats()["openai"]["files_uploaded"] == 0
+    _no_chunks_left(tmp_path / "job")
+
+
+@pytest.mark.parametrize("column", ["status", "response", "error", "finish_reason", "batch_id", "attempts"])
+def test_a_source_column_named_like_a_result_column_is_refused_before_upload(emulator, tmp_path, column):
+    """Otherwise the batch is billed and the merge fails on every retry."""
+    source = _parquet(tmp_path / "p.parquet", id=["a", "b"], title=["w", "x"], **{column: ["1", "2"]})
+    with pytest.raises(
+        InvalidInputError, match=f"column\\(s\\) \\[{column!r}\\] named like the result columns"
+    ) as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert f"'source_{column}'" in str(info.value) and "columns=" in str(info.value)
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_a_result_named_column_left_out_with_columns_is_fine(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=["a", "b"], title=["w", "x"], status=["on", "off"])
+    (chunk,) = _chunk_only(source, tmp_path / "job", columns=["title"])
+    assert "status" not in pq.read_schema(chunk["rows_path"]).names
 
 
 def test_a_request_over_the_byte_cap_names_the_row(emulator, tmp_path):

@@ -105,7 +105,7 @@ BAD_CASES: list[Any] = [
         _with(BASE, "product_id", ["a", None, "c", "", "e", "f"]),
         {"id_column": "product_id"},
         InvalidInputError,
-        ["null or empty id in column 'product_id'", "2 row(s) at position 1, 3"],
+        ["null, NaN or empty id in column 'product_id'", "2 row(s) at position 1, 3"],
         id="null-and-empty-ids",
     ),
     pytest.param(

@@ -45,6 +45,54 @@ def test_load_previous_keeps_only_succeeded_rows(tmp_path):
     assert load_previous(str(tmp_path / "missing")) is None
 
 
+def _with_code(cid, status, code, finish="stop"):
+    row = _row(cid, "f-" + cid, status=status, response=None if status == "errored" else "cut")
+    return {**row, "error_code": code, "finish_reason": finish}
+
+
+FINAL_AND_NOT = [
+    _with_code("ok", "succeeded", None),
+    _with_code("cut", "invalid_output", "truncated", finish="length"),
+    _with_code("schema", "invalid_output", "schema"),
+    _with_code("bad-request", "errored", "invalid_request_error"),
+    _with_code("http-400", "errored", "http_400"),
+    _with_code("server", "errored", "server_error"),
+    _with_code("http-503", "errored", "http_503"),
+    _with_code("rate", "errored", "http_429"),
+    _with_code("no-code", "errored", None),
+    _with_code("expired", "expired", "batch_expired"),
+    _with_code("canceled", "canceled", "batch_cancelled"),
+    _with_code("missing", "missing", None),
+]
+
+
+def test_final_results_of_every_status_are_carried_and_retryable_ones_are_not(tmp_path):
+    """A truncated (invalid_output) or 400-errored row of the same request is a result: not paid for again."""
+    _previous(tmp_path / "out", FINAL_AND_NOT)
+    kept = load_previous(str(tmp_path / "out")).column("custom_id").to_pylist()
+    assert kept == ["ok", "cut", "schema", "bad-request", "http-400"]
+    only_answers = load_previous(str(tmp_path / "out"), ["succeeded"]).column("custom_id").to_pylist()
+    assert only_answers == ["ok"]
+    chunk = _chunk_with_fingerprints(tmp_path, {r["custom_id"]: r["request_fingerprint"] for r in FINAL_AND_NOT})
+    (new,), stats = _skip(tmp_path, chunk, load_previous(str(tmp_path / "out")))
+    assert (stats.carried, stats.sent) == (5, 7)
+    carried = {r["custom_id"]: r for r in read_carried(new["carry_path"]).to_pylist()}
+    assert carried["cut"]["error_code"] == "truncated" and carried["cut"]["http_status"] == 200
+    assert carried["bad-request"]["http_status"] is None
+
+
+@pytest.mark.parametrize("statuses", [["expired"], ["succeeded", "missing"], []])
+def test_carry_statuses_refuse_what_can_never_be_a_result(tmp_path, statuses):
+    from airflow_batch_provider.exceptions import InvalidInputError
+    from airflow_batch_provider.operators.chunk import ChunkOperator
+
+    with pytest.raises(InvalidInputError, match="carry_statuses"):
+        ChunkOperator(
+            task_id="chunk", source="x.parquet", prompt_template="{text}", model="gpt-4o-mini",
+            skip_unchanged=True, previous_output=str(tmp_path), carry_statuses=statuses,
+        )  # fmt: skip
+
+
 def test_unchanged_rows_are_carried_and_dropped_from_the_chunk(tmp_path):
     _previous(tmp_path / "out", [_row("a", "f1"), _row("b", "OLD"), _row("c", "f3", status="errored", response=None)])
     chunk = _chunk_with_fingerprints(tmp_path, {"a": "f1", "b": "f2", "c": "f3", "d": "f4"})
@@ -110,3 +158,32 @@ def test_the_chunk_step_publishes_carried_rows_and_schema_with_a_final_manifest(
     assert [orjson.loads(line)["custom_id"] for line in sent.splitlines()] == ["c"]
     assert chunk["num_requests"] == 1 and chunk["num_bytes"] == len(sent)
     assert sorted(p.name for p in job.path.iterdir()) == ["chunks"]  # no staging folder left
+
+
+@pytest.mark.parametrize(("statuses", "sent"), [(None, []), (["succeeded"], ["b"])])
+def test_the_chunk_operator_carries_by_its_carry_statuses(tmp_path, statuses, sent):
+    """ChunkOperator's carry_statuses reach the staging step: a truncated answer is kept unless told otherwise."""
+    from airflow_batch_provider.chunking.chunks import build_chunks
+    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.operators.chunk import ChunkOperator
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", "y"]}), source)
+    spec = RequestSpec(provider="openai", model="gpt-4o-mini")
+    first = build_chunks(source, tmp_path / "job1", spec, "{text}", id_column="id").descriptors[0]
+    a, b = pq.read_table(first["rows_path"]).to_pylist()
+    cut = _with_code("b", "invalid_output", "truncated", finish="length")
+    _previous(
+        tmp_path / "out",
+        [_row("a", a["request_fingerprint"]), {**cut, "request_fingerprint": b["request_fingerprint"]}],
+    )
+
+    chosen = {} if statuses is None else {"carry_statuses": statuses}
+    op = ChunkOperator(
+        task_id="chunk", source=str(source), prompt_template="{text}", model="gpt-4o-mini", id_column="id",
+        job_dir=str(tmp_path / "job2"), skip_unchanged=True, previous_output=str(tmp_path / "out"), **chosen,
+    )  # fmt: skip
+    (chunk,) = op.execute({})  # type: ignore[arg-type]
+    lines = Path(chunk["requests_path"]).read_bytes().splitlines()
+    assert [orjson.loads(line)["custom_id"] for line in lines] == sent
+    assert chunk["num_carried"] == 2 - len(sent)

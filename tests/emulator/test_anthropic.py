@@ -210,3 +210,31 @@ def test_polls_before_done_holds_a_finished_batch_until_the_third_retrieve(
     assert len(list(client.messages.batches.results(created.id))) == 20
     assert batch_emulator.stats()["anthropic"]["batches_held_for_polls"] == 1
     assert [(b["polls"], b["held"]) for b in batch_emulator.batches()] == [(4, False)]  # results() retrieved too
+
+
+def test_truncate_rate_stops_at_max_tokens_with_text_or_tool_input_cut_short(
+    client: anthropic.Anthropic, batch_emulator: BatchEmulator
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string"}, "b": {"type": "number"}},
+        "required": ["a", "b"],
+    }
+    tool = {"name": "record", "description": "Record it", "input_schema": schema}
+    requests: list[Any] = [anthropic_request(f"t{i}", f"Text {i}") for i in range(40)]
+    requests += [
+        anthropic_request(f"u{i}", f"Tool {i}", tools=[tool], tool_choice={"type": "tool", "name": "record"})
+        for i in range(20)
+    ]
+    batch_emulator.set_faults(truncate_rate=0.3)
+    batch = wait_anthropic(client, client.messages.batches.create(requests=requests).id)
+    results = {r.custom_id: r.result.message for r in client.messages.batches.results(batch.id)}  # type: ignore[union-attr]
+    cut = {cid for cid, message in results.items() if message.stop_reason == "max_tokens"}
+    assert 8 < len(cut) < 40 and any(c.startswith("u") for c in cut) and any(c.startswith("t") for c in cut)
+    for cid in cut:
+        block = results[cid].content[0]
+        if block.type == "tool_use":
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(block.input, schema)
+        else:
+            assert block.type == "text" and not block.text.endswith(".")

@@ -347,3 +347,40 @@ def test_polls_before_done_holds_a_finished_batch_until_the_third_retrieve(
     assert client.batches.retrieve(created.id).status == final
     assert batch_emulator.stats()["openai"]["batches_held_for_polls"] == 1
     assert [(b["polls"], b["held"]) for b in batch_emulator.batches()] == [(4, False)]
+
+
+def test_truncate_rate_cuts_the_same_answers_short_every_run(
+    client: openai.OpenAI, batch_emulator: BatchEmulator
+) -> None:
+    """--truncate-rate: finish_reason "length" and the text (or a forced tool call's JSON) ends early."""
+    tool = {"type": "function", "function": {"name": "verdict", "parameters": {"type": "object", "properties": {}}}}
+    lines = [chat_line(f"r{i}") for i in range(60)]
+    lines += [
+        chat_line(f"j{i}", tools=[tool], tool_choice={"type": "function", "function": {"name": "verdict"}})
+        for i in range(20)
+    ]
+    whole = {
+        r["custom_id"]: r for r in read_jsonl(client, wait_openai(client, submit(client, lines).id).output_file_id)
+    }
+    batch_emulator.set_faults(truncate_rate=0.3)
+    first = read_jsonl(client, wait_openai(client, submit(client, lines).id).output_file_id)
+    cut = {r["custom_id"] for r in first if r["response"]["body"]["choices"][0]["finish_reason"] == "length"}
+    assert 10 < len(cut) < 40 and any(c.startswith("j") for c in cut)
+    for row in first:
+        choice = row["response"]["body"]["choices"][0]
+        full = whole[row["custom_id"]]["response"]["body"]["choices"][0]["message"]
+        if row["custom_id"] not in cut:
+            assert choice["finish_reason"] in ("stop", "tool_calls") or choice["message"] == full
+            continue
+        if row["custom_id"].startswith("j"):  # JSON arguments end early: no longer valid JSON
+            got = choice["message"]["tool_calls"][0]["function"]["arguments"]
+            assert full["tool_calls"][0]["function"]["arguments"].startswith(got)
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(got)
+        else:
+            assert (
+                full["content"].startswith(choice["message"]["content"])
+                and choice["message"]["content"] != full["content"]
+            )
+    again = read_jsonl(client, wait_openai(client, submit(client, lines).id).output_file_id)
+    assert {r["custom_id"] for r in again if r["response"]["body"]["choices"][0]["finish_reason"] == "length"} == cut

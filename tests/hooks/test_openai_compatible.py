@@ -132,3 +132,15 @@ def test_test_connection_reports_failure_with_the_reason(batch_emulator, monkeyp
     _conn(monkeypatch, host=batch_emulator.openai_base_url)
     ok, message = OpenAICompatibleHook().test_connection()  # the emulator serves no /v1/models
     assert ok is False and "404" in message
+
+
+def test_header_values_are_masked_in_logs(monkeypatch):
+    """The UI stores the headers extra as text, which Airflow's masker never looks inside."""
+    from airflow.sdk._shared.secrets_masker import redact
+
+    _conn(monkeypatch, host="h", extra={"headers": '{"X-Gateway-Token": "gw-7f3a9c-secret", "X-Team": "ml-platform"}'})
+    assert redact("sent X-Gateway-Token: gw-7f3a9c-secret") == "sent X-Gateway-Token: gw-7f3a9c-secret"
+    kwargs = OpenAICompatibleHook().client_kwargs
+    assert kwargs["default_headers"]["X-Gateway-Token"] == "gw-7f3a9c-secret"  # still sent as it is
+    assert redact("sent X-Gateway-Token: gw-7f3a9c-secret") == "sent X-Gateway-Token: ***"
+    assert redact("team ml-platform") == "team ***"

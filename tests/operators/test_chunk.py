@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,8 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
-from airflow_batch_provider.operators.chunk import ChunkOperator, sanitise_path_part
+from airflow_batch_provider.job_folder import run_folder_name, sanitise_path_part
+from airflow_batch_provider.operators.chunk import ChunkOperator
 
 PROMPT = "Classify this product: {title}\nAnswer with {{one}} label."
 
@@ -70,11 +72,12 @@ def test_default_job_dir_comes_from_the_context(tmp_path: Path, monkeypatch: pyt
     op = _operator(source=_table(tmp_path, 3), provider="anthropic", request_params={"max_tokens": 10})
     context = {"run_id": "manual__2026-01-01T00:00:00+00:00", "ti": SimpleNamespace(map_index=-1)}
     descriptors = op.execute(context)  # type: ignore[arg-type]
-    expected = tmp_path / "work" / "product_tags" / "manual__2026-01-01T00_00_00_00_00" / "chunk"
+    run_dir = f"manual__2026-01-01T00_00_00_00_00-{run_folder_name('manual__2026-01-01T00:00:00+00:00')[-8:]}"
+    expected = tmp_path / "work" / "product_tags" / run_dir / "chunk"
     assert descriptors[0]["job_dir"] == str(expected)
     assert descriptors[0]["endpoint"] == "/v1/messages"
     mapped = op.resolve_job_dir({"run_id": "r", "ti": SimpleNamespace(map_index=4)})  # type: ignore[arg-type]
-    assert mapped == str(tmp_path / "work" / "product_tags" / "r" / "chunk-4")
+    assert mapped == str(tmp_path / "work" / "product_tags" / run_folder_name("r") / "chunk-4")
 
 
 def test_default_work_dir_falls_back_to_airflow_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -82,7 +85,7 @@ def test_default_work_dir_falls_back_to_airflow_home(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
     op = _operator()
     job_dir = op.resolve_job_dir({"dag_run": SimpleNamespace(run_id="scheduled__x")})  # type: ignore[arg-type]
-    assert job_dir == str(tmp_path / "home" / "batch_jobs" / "product_tags" / "scheduled__x" / "chunk")
+    assert job_dir == str(tmp_path / "home" / "batch_jobs" / "product_tags" / run_folder_name("scheduled__x") / "chunk")
 
 
 def test_bad_input_fails_in_execute_and_leaves_nothing(tmp_path: Path) -> None:
@@ -135,6 +138,20 @@ def test_a_templated_chunk_size_is_checked_once_rendered(tmp_path: Path) -> None
     op.chunk_size = "a dozen"
     with pytest.raises(InvalidInputError, match="whole number"):
         op.execute({})  # type: ignore[arg-type]
+
+
+def test_run_ids_that_clean_to_one_name_get_their_own_job_folders(tmp_path, monkeypatch) -> None:
+    """``a:b``, ``a+b``, ``a~b``, ``a/b`` and ``a_b`` are five runs: five folders, each still readable."""
+    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path))
+    op = _operator()
+    run_ids = ["a:b", "a+b", "a~b", "a/b", "a_b"]
+    folders = [op.resolve_job_dir({"run_id": r, "ti": SimpleNamespace(map_index=-1)}) for r in run_ids]  # type: ignore[arg-type]
+    assert len(set(folders)) == 5
+    for folder in folders:
+        name = Path(folder).parent.name
+        assert re.fullmatch(r"a_b-[0-9a-f]{8}", name), name
+        assert Path(folder).parent.parent == tmp_path / "product_tags"
+    assert run_folder_name("a:b") == run_folder_name("a:b")  # the same run (a retry) finds its folder again
 
 
 def test_sanitise_path_part() -> None:

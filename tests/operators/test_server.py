@@ -123,7 +123,9 @@ def test_requests_in_flight_never_exceed_max_concurrency(slow_server_conn, tmp_p
 def test_429_500_and_dropped_connections_are_retried_to_success(server_conn, tmp_path):
     server_conn.set_faults(seed=5, http_429_rate=0.15, http_500_rate=0.15, drop_rate=0.05, retry_after=0.01)
     chunk, _ = _chunk(tmp_path, 60)
-    result = _op(chunk, max_concurrency=8).execute(make_context())
+    # Every attempt is the hook's own (no SDK retries underneath): 12, as the SDK's 3 x FAST's 4 were.
+    policy = RetryPolicy(attempts=12, base_delay=0.01, max_delay=0.05)
+    result = _op(chunk, max_concurrency=8, request_retry_policy=policy).execute(make_context())
     http = server_conn.stats()["http"]
     assert http["injected_429"] > 0 and http["injected_500"] > 0 and http["dropped"] > 0
     assert result["state"]["counts"] == {"total": 60, "completed": 60, "failed": 0}
@@ -240,3 +242,46 @@ def test_example_dag_server_mode_end_to_end(airflow_db, server_conn, tmp_path, m
     assert [r["product_id"] for r in merged] == [r["product_id"] for r in synthetic_products(400).to_pylist()]
     assert all(r["status"] == "succeeded" and r["response"] for r in merged)
     assert server_conn.stats()["realtime"]["requests"] == 400
+
+
+def test_a_server_that_admits_8_gets_every_row_with_64_in_flight(slow_server_conn, tmp_path, caplog):
+    """429s shrink the in-flight limit (and retries are jittered): no row is left errored, the log stays short."""
+    slow_server_conn.set_faults(realtime_max_in_flight=8, retry_after=0.02)
+    chunk, _ = _chunk(tmp_path, 240)
+    caplog.set_level("INFO")
+    policy = RetryPolicy(attempts=8, base_delay=0.05, max_delay=0.5)
+    result = _op(chunk, max_concurrency=64, request_retry_policy=policy).execute(make_context())
+    assert result["state"]["counts"] == {"total": 240, "completed": 240, "failed": 0}
+    gen = result["generation"]
+    rejected = slow_server_conn.stats()["realtime"]["rejected_over_capacity"]
+    assert gen["throttled"] == rejected > 0
+    assert gen["lowest_concurrency"] <= 16  # it backed off towards what the server admits
+    assert rejected < 3 * 240  # not the storm a fixed 64 in flight keeps up
+    assert "Retrying request" not in caplog.text  # the SDK's retries are off; ours log at DEBUG
+    assert "turned requests away" in caplog.text  # one summary line
+
+
+def test_a_retry_resends_only_the_rows_that_failed_retryably(server_conn, tmp_path, caplog):
+    chunk, lines = _chunk(tmp_path, 30)
+    lines[5]["body"]["messages"] = []  # a 400: final, kept as it is
+    chunk = write_chunk(tmp_path / "chunks", _rows(30), lines=lines, model="served-model")
+    server_conn.set_faults(seed=3, http_500_rate=0.3)
+    first = _op(chunk, max_concurrency=4, request_retry_policy=RetryPolicy(attempts=1)).execute(make_context())
+    failed = {cid for cid, o in _output(first).items() if o["response"]["status_code"] != 200}
+    assert "row-0005" in failed and len(failed) > 3
+    caplog.set_level("WARNING")
+    assert "failed for good (500)" in caplog.text  # one line per row that failed, naming it
+    server_conn.reset()
+    caplog.set_level("INFO")
+    again = _op(chunk, max_concurrency=4).execute(make_context())  # the task's retry, or a clear
+    assert server_conn.stats()["realtime"]["requests"] == len(failed) - 1  # not the 400, not the answered rows
+    output = _output(again)
+    assert len(output) == 30 and output["row-0005"]["response"]["status_code"] == 400
+    assert all(o["response"]["status_code"] == 200 for cid, o in output.items() if cid != "row-0005")
+    assert {cid: o for cid, o in _output(first).items() if cid not in failed} == {
+        cid: o for cid, o in output.items() if cid not in failed
+    }  # kept lines are byte-for-byte the first run's
+    assert again["state"]["counts"] == {"total": 30, "completed": 29, "failed": 1}
+    assert again["generation"]["resent"] == len(failed) - 1 and again["generation"]["kept"] == 30 - len(failed) + 1
+    third = _op(chunk).execute(make_context())  # nothing retryable left: reused as it is
+    assert third["generation"]["reused"] is True and server_conn.stats()["realtime"]["requests"] == len(failed) - 1

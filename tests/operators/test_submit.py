@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 
@@ -234,3 +235,57 @@ def test_a_follow_up_batch_counts_its_own_file_not_the_chunks_estimate(openai_co
     )
     tokens = int(openai_conn.batches()[0]["metadata"][CHUNK_TOKENS_KEY])
     assert tokens == estimate_file_tokens(chunk["requests_path"], "gpt-4o-mini", "openai") < 10**6
+
+
+def test_an_orphans_create_that_lands_late_is_cancelled_after_the_rerun_creates(openai_conn, tmp_path, caplog, capsys):
+    """The orphan (supervisor killed, task process alive) has its create in flight while the rerun
+    reconciles, finds nothing and creates too; the orphan's lands first. The rerun checks again."""
+    import threading
+
+    # Both creates are held on the way in; batches then stay in progress (slow), as real ones do.
+    openai_conn.set_faults(delay_routes={"POST /v1/batches": 1.5}, slow=60)
+    store = InMemoryTaskStateStore()  # the task instance's state store, shared by both attempts
+    chunk = _chunk(tmp_path)
+    orphan: dict = {}
+    thread = threading.Thread(target=lambda: orphan.update(_op(chunk).execute(make_context(store))))
+    thread.start()
+    wait_for = time.monotonic() + 10
+    while openai_conn.stats()["http"].get("delayed", 0) < 1 and time.monotonic() < wait_for:
+        time.sleep(0.02)  # the orphan's create is now held at the provider
+    caplog.set_level(logging.WARNING)
+    rerun = _op(chunk).execute(make_context(store))
+    thread.join(timeout=30)
+    assert orphan["batch_id"] != rerun["batch_id"]  # two batches were created for one chunk
+    assert rerun["idempotency_key"] == orphan["idempotency_key"]
+    states = {b: OpenAIBatchHook().get_state(b).status for b in (orphan["batch_id"], rerun["batch_id"])}
+    assert states[orphan["batch_id"]] in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
+    assert states[rerun["batch_id"]] not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
+    logged = caplog.text + capsys.readouterr().out  # task logs reach stdout (structlog) or the capture
+    assert f"cancelling batch {orphan['batch_id']}: it has the same idempotency key as batch {rerun['batch_id']}" in (
+        logged
+    )
+
+
+def test_the_sensor_cancels_a_sibling_it_sees_first(openai_conn, openai_hook, tmp_path, caplog, capsys):
+    """A late create can land after the submit's own check too: the sensor's first look cancels it."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    from airflow_batch_provider.batches.submission import batch_metadata
+    from airflow_batch_provider.sensors.batch import BatchCompleteSensor
+
+    openai_conn.set_faults(slow=60)  # batches stay in progress, as real ones do
+    store = InMemoryTaskStateStore()
+    chunk = _chunk(tmp_path)
+    submitted = _op(chunk).execute(make_context(store))
+    key = submitted["idempotency_key"]
+    file_id = openai_hook.upload_file(chunk["requests_path"])
+    late = openai_hook.create_batch(
+        chunk, input_file_id=file_id, metadata=batch_metadata({}, key, "test_dag", "run-1", "submit[0]", "late")
+    )
+    caplog.set_level(logging.WARNING)
+    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
+    with pytest.raises(TaskDeferred):  # its batch is still running: it defers, after its first look
+        sensor.execute(make_context(InMemoryTaskStateStore()))
+    assert openai_hook.get_state(submitted["batch_id"]).status == BatchStatus.IN_PROGRESS
+    assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
+    assert f"cancelling batch {late}" in caplog.text + capsys.readouterr().out

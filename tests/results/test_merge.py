@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.operators.merge import MergeResultsOperator
@@ -112,6 +113,8 @@ def test_too_many_failures_raise_after_every_part_is_written(openai_conn, openai
     op = MergeResultsOperator(task_id="merge", batches=[good, bad], output_dir=str(out), max_failure_ratio=0.1)
     with pytest.raises(TooManyFailuresError) as info:
         op.execute(make_context())
+    # A verdict on the data: Airflow fails the task at once instead of merging again on each retry.
+    assert isinstance(info.value, AirflowFailException)
     message = str(info.value)
     failed = sum(1 for r in _read(out) if r["status"] != "succeeded")
     assert failed > 2
@@ -152,3 +155,62 @@ def test_merge_upserts_each_part_into_sql_once(openai_hook, tmp_path, monkeypatc
         rows = conn.execute("SELECT custom_id, status, response FROM answers ORDER BY custom_id").fetchall()
     assert len(rows) == 30 and len({r[0] for r in rows}) == 30
     assert {r[1] for r in rows} == {"succeeded"} and all(r[2] for r in rows)
+
+
+def _embedding_lines(rows, encoding_format):
+    return [
+        {
+            "custom_id": r["custom_id"],
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "text-embedding-3-small", "input": r["text"], "encoding_format": encoding_format},
+        }
+        for r in rows
+    ]
+
+
+def test_base64_embeddings_merge_as_the_same_float_vectors(openai_hook, tmp_path):
+    """encoding_format "base64" (what the openai SDK asks for by default) crashed the merge after paying."""
+    rows = _rows(12)
+    merged = {}
+    for encoding in ("float", "base64"):
+        lines = _embedding_lines(rows, encoding)
+        chunk = write_chunk(tmp_path / encoding, rows, lines=lines, endpoint="/v1/embeddings")
+        batch = _complete(openai_hook, chunk)
+        out = tmp_path / f"out-{encoding}"
+        MergeResultsOperator(task_id="merge", batches=[batch], output_dir=str(out)).execute(make_context())
+        merged[encoding] = {r["custom_id"]: r for r in _read(out)}
+    for cid, row in merged["base64"].items():
+        assert row["status"] == "succeeded" and len(row["response"]) > 8
+        assert row["response"] == merged["float"][cid]["response"]  # float32 both ways: exactly equal
+
+
+def test_an_unparsable_result_is_a_results_error_naming_chunk_batch_and_line(openai_hook, tmp_path):
+    """A result the merge cannot read (here: an embedding that is neither floats nor base64) names where it is."""
+    from airflow_batch_provider.results.merge import collect_attempts
+    from airflow_batch_provider.results.table import EMBEDDING, openai_result_table
+
+    good = b'{"custom_id": "a", "response": {"status_code": 200, "body": {"object": "list", "data": [{"embedding": [0.5]}]}}}'
+    bad = b'{"custom_id": "b", "response": {"status_code": 200, "body": {"object": "list", "data": [{"embedding": "%%"}]}}}'
+    with pytest.raises(ResultsError, match=r"custom_id 'b'.*not base64") as info:
+        openai_result_table(b"\n".join([good, good.replace(b'"a"', b'"c"'), bad]), EMBEDDING)
+    assert info.value.line == 3
+
+    from airflow_batch_provider.hooks.local_results import ServerResultsHook
+
+    results = tmp_path / "results.jsonl"  # a self-hosted chunk's result file, read by its real hook
+    results.write_bytes(b"\n".join([good, good.replace(b'"a"', b'"c"'), bad]) + b"\n")
+    chunk = write_chunk(tmp_path / "j", _rows(2), endpoint="/v1/embeddings")
+    state = {
+        "batch_id": "batch_x",
+        "provider": "server",
+        "status": "completed",
+        "provider_status": "completed",
+        "output_file_id": str(results),
+    }
+    batch = {**chunk, "batch_id": "batch_x", "state": state}
+    with pytest.raises(ResultsError) as info:
+        collect_attempts(ServerResultsHook(), batch)
+    message = str(info.value)
+    assert message.startswith("chunk 1/1") and "batch batch_x" in message and "at result line 3" in message
+    assert "clear the merge task" in message

@@ -182,7 +182,8 @@ def test_the_latest_attempt_wins_then_the_most_useful_status_then_file_order():
     assert stats.statuses == {"succeeded": 4, "missing": 1}
     assert (stats.retried_rows, stats.recovered_rows, stats.unmatched_results) == (3, 3, 0)  # a, b, d
     assert stats.input_tokens == 40 and stats.output_tokens == 4
-    assert stats.errors == {"missing/-: no result line for this custom_id in batch batch_1": 1}
+    assert stats.errors == {"missing/-": 1}
+    assert stats.top_errors(5) == [["missing/-: no result line for this custom_id in batch batch_1", 1]]
 
 
 def test_carried_rows_count_as_attempt_zero_and_unmatched_results_are_counted():
@@ -198,4 +199,4 @@ def test_carried_rows_count_as_attempt_zero_and_unmatched_results_are_counted():
     assert (out["new"]["status"], out["new"]["attempts"]) == ("errored", 1)
     assert stats.unmatched_results == 1
     assert (stats.input_tokens, stats.new_input_tokens) == (20, 10)  # the carried row was paid for before
-    assert stats.errors == {"errored/HTTP 500: errored here": 1}
+    assert stats.errors == {"errored/http_500": 1} and stats.error_messages == {"errored/http_500": "errored here"}

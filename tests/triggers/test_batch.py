@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import threading
 import time
+from typing import Any, ClassVar
 
 from airflow_batch_provider.batches.line_retry import cancelled_by_us
+from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 from tests.conftest import wait_terminal
 from tests.support import write_chunk
@@ -156,3 +159,46 @@ def test_the_client_is_closed_when_the_consumer_stops_at_the_event(openai_hook, 
 
     assert asyncio.run(first_event()).payload["status"] == "success"
     assert clients and all(client.is_closed() for client in clients)
+
+
+class ThreadRecordingHook(OpenAIBatchHook):
+    """The real OpenAI hook, noting which thread built it and its async client (a backend added
+    through the registry, as the README's 'Adding a backend' does)."""
+
+    threads: ClassVar[dict[str, int]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        ThreadRecordingHook.threads.setdefault("hook", threading.get_ident())
+        super().__init__(*args, **kwargs)
+
+    def _client_kwargs(self, conn: Any) -> dict[str, Any]:
+        ThreadRecordingHook.threads.setdefault("client", threading.get_ident())
+        return super()._client_kwargs(conn)
+
+
+def test_run_and_on_kill_build_hooks_and_clients_off_the_event_loop(openai_hook, tmp_path, monkeypatch):
+    """The triggerer's loop runs every deferred task: building a hook (its first use imports the SDK,
+    ~0.3 s) or an SDK client (TLS trust store) on it stalls them all ("badly-written trigger")."""
+    from airflow_batch_provider.hooks import registry
+
+    monkeypatch.setitem(registry.BACKENDS, "openai-recording", f"{__name__}:ThreadRecordingHook")
+    chunk = write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}])
+    batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
+    trigger = BatchCompleteTrigger(
+        provider="openai-recording", conn_id="openai_batch_default", batch_id=batch_id, poll_interval=0.05
+    )
+    seen: dict[str, dict[str, int]] = {}
+
+    async def run_then_kill() -> tuple[list, int]:
+        ThreadRecordingHook.threads.clear()
+        events = [event async for event in trigger.run()]
+        seen["run"] = dict(ThreadRecordingHook.threads)
+        ThreadRecordingHook.threads.clear()
+        await trigger.on_kill()  # its own hook, with the full retry policy
+        seen["on_kill"] = dict(ThreadRecordingHook.threads)
+        return events, threading.get_ident()
+
+    (event,), loop_thread = asyncio.run(run_then_kill())
+    assert event.payload["status"] == "success"
+    assert seen["run"].keys() == {"hook", "client"} and loop_thread not in seen["run"].values()
+    assert "hook" in seen["on_kill"] and loop_thread not in seen["on_kill"].values()

@@ -1,4 +1,4 @@
-"""retry: restartable result streams (nothing lost, nothing twice)."""
+"""retry: backoff and Retry-After waits; restartable result streams (nothing lost, nothing twice)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,43 @@ def test_stopping_early_closes_the_stream():
     assert next(stream) == 0
     stream.close()
     assert closed == [True]
+
+
+def test_retry_after_is_honoured_with_jitter_so_rejected_requests_do_not_return_in_lock_step():
+    policy = RetryPolicy(attempts=4, base_delay=2.0, max_delay=60.0)
+    waits = [policy.delay(1, 2.0) for _ in range(200)]
+    assert min(waits) >= 2.0 and max(waits) <= 2.5  # never sooner than asked, at most a quarter later
+    assert len({round(w, 3) for w in waits}) > 50  # spread out, not all at the same instant
+    capped = [policy.delay(1, 600.0) for _ in range(50)]
+    assert min(capped) >= 60.0 and max(capped) <= 75.0  # max_delay caps a huge Retry-After (plus jitter)
+
+
+def test_backoff_without_retry_after_doubles_and_is_capped():
+    policy = RetryPolicy(attempts=8, base_delay=1.0, max_delay=5.0)
+    for attempt, ceiling in ((1, 1.0), (2, 2.0), (3, 4.0), (6, 5.0)):
+        waits = [policy.delay(attempt, None) for _ in range(50)]
+        assert ceiling / 2 <= min(waits) and max(waits) <= ceiling
+
+
+def test_within_bounds_how_long_a_call_keeps_retrying():
+    """A batch create must not keep retrying for minutes: it could land after the task's rerun created its own."""
+    import time
+
+    from airflow_batch_provider.utils.retry import call_with_retries
+
+    calls = []
+
+    def create():
+        calls.append(time.monotonic())
+        raise ConnectionError("provider busy")
+
+    started = time.monotonic()
+    with pytest.raises(ProviderCallError, match="not retried past 1 s"):
+        call_with_retries(
+            create,
+            what="batch create",
+            classify=lambda exc: (True, 0.6),  # retryable, Retry-After 0.6 s
+            policy=RetryPolicy(attempts=10, base_delay=0.6, max_delay=0.6),
+            within=1.0,
+        )
+    assert len(calls) == 2 and time.monotonic() - started < 1.5  # 10 attempts would take 6 s
