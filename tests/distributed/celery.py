@@ -37,14 +37,14 @@ class CeleryDeployment(Deployment):
     """Airflow with CeleryExecutor, three workers on private disks, and S3 for every data path."""
 
     def __init__(self, root: Path, dags_folder: Path, database: str, s3: MotoS3) -> None:
-        self.s3 = s3
+        self.object_store = s3  # the S3 of the job folders; Deployment.s3() is the Bedrock bucket's client
         self.key_prefix = f"abp-{uuid.uuid4().hex[:10]}:"
         self.workers: dict[str, Component] = {}
         super().__init__(root, dags_folder, database)
 
     def _environment(self) -> dict[str, str]:
         env = super()._environment()
-        env.update(self.s3.connection_env())
+        env.update(self.object_store.connection_env())
         env.update(
             {
                 "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
