@@ -25,7 +25,6 @@ MergeResultsOperator reads in order, the last result per custom_id winning.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -54,6 +53,7 @@ from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.progress import progress_base, progress_record, publish_progress
+from airflow_batch_provider.sensors.deferral import default_deferrable
 from airflow_batch_provider.sensors.errors import (
     cancelled_error,
     failed_error,
@@ -68,20 +68,6 @@ from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 # Slightly over the providers' 24 h completion window: the provider expires the batch first.
 DEFAULT_TIMEOUT = timedelta(hours=25)
 CHECKPOINT_KEY = "batch_wait"
-
-
-def default_deferrable() -> bool:
-    """Deferrable unless ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` explicitly turns it off.
-
-    Airflow's own default for ``[operators] default_deferrable`` is False, which would make every
-    sensor poke in a worker slot for hours. Airflow 3.3 also writes that default into the
-    ``airflow.cfg`` it generates, so a value in the file cannot be told from the user's choice:
-    only the environment variable (or ``deferrable=False`` on the task) switches deferral off.
-    """
-    explicit = os.environ.get("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE")
-    if explicit is None:
-        return True
-    return explicit.strip().lower() in ("1", "true", "yes", "on", "t")
 
 
 class BatchCompleteSensor(BaseSensorOperator):

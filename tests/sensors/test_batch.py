@@ -12,7 +12,8 @@ from airflow_batch_provider.exceptions import (
     BatchTimeoutError,
 )
 from airflow_batch_provider.progress import PROGRESS_KEY, progress_base
-from airflow_batch_provider.sensors.batch import BatchCompleteSensor, default_deferrable
+from airflow_batch_provider.sensors.batch import BatchCompleteSensor
+from airflow_batch_provider.sensors.deferral import default_deferrable
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 from tests.conftest import wait_terminal
