@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
