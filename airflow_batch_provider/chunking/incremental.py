@@ -43,23 +43,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from airflow_batch_provider.batches.line_retry import is_final_error_code
-from airflow_batch_provider.descriptors import ChunkDescriptor
+from airflow_batch_provider.descriptors import RESULT_COLUMNS, ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.job_folder import ChunkFiles, OutputFolder
 from airflow_batch_provider.utils.storage import AnyPath, to_path
 
 log = logging.getLogger(__name__)
 
-CARRIED_COLUMNS = (
-    "status",
-    "response",
-    "finish_reason",
-    "error",
-    "error_code",
-    "input_tokens",
-    "output_tokens",
-    "batch_id",
-)
+# A carried row keeps its stored result; ``attempts`` is counted afresh by this run's merge.
+CARRIED_COLUMNS = tuple(column for column in RESULT_COLUMNS if column != "attempts")
 #: Statuses whose stored result ``skip_unchanged`` keeps by default (``errored``: final errors only).
 DEFAULT_CARRY_STATUSES = ("succeeded", "invalid_output", "errored")
 CARRYABLE_STATUSES = frozenset(DEFAULT_CARRY_STATUSES)
