@@ -93,3 +93,20 @@ def test_the_expectation_never_exceeds_the_bound_and_a_given_one_wins() -> None:
     assert count_request_tokens([line], "gpt-4o-mini").expected_output_tokens == 3
     given = count_request_tokens([line], "gpt-4o-mini", expected_output_tokens=2)
     assert (given.expected_output_tokens, given.expected_basis) == (2, "expected_output_tokens=2")
+
+
+def test_each_schema_in_a_tally_gets_its_own_typical_answer() -> None:
+    """Typical answers are worked out once per distinct schema: requests with another schema (here an
+    Anthropic forced tool with a shorter enum) must not reuse the first one's answer."""
+    short = {**CLASSIFICATION, "properties": {"label": {"type": "string", "enum": ["a", "b"]}}, "required": ["label"]}
+    lines = []
+    for schema in (CLASSIFICATION, short):
+        spec = RequestSpec(
+            provider="anthropic", model="claude-haiku-4-5", params={"max_tokens": 64}, response_schema=schema
+        )
+        lines += [render(renderer_for(spec), f"p{i}", f"Classify: product {i}") for i in range(3)]
+    counter = TokenCounter("claude-haiku-4-5")
+    tally = count_request_tokens(lines, "claude-haiku-4-5", counter=counter)
+    long_answer, short_answer = typical_answer(CLASSIFICATION), typical_answer(short)
+    assert short_answer == '{"label":"a"}'
+    assert tally.expected_output_tokens == 3 * counter.count(long_answer or "") + 3 * counter.count(short_answer)
