@@ -17,6 +17,9 @@ import pyarrow as pa
 
 from airflow_batch_provider.utils.storage import to_path
 
+#: Distinct answer texts whose verdict :meth:`OutputValidator.parse` remembers (a bound on its memory).
+MEMO_SIZE = 20_000
+
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
     "number": pa.float64(),
@@ -40,6 +43,7 @@ class OutputValidator:
         self.schema = schema
         cls = jsonschema.validators.validator_for(schema)
         self._validator = cls(schema)
+        self._memo: dict[str, tuple[dict[str, Any] | None, str | None]] = {}
         props: dict[str, Any] = schema.get("properties") or {}
         # Field names that clash with a source or result column get an "output_" prefix.
         self.columns: dict[str, tuple[str, pa.DataType]] = {
@@ -53,7 +57,23 @@ class OutputValidator:
         return cls(orjson.loads(to_path(path).read_bytes()), reserved)
 
     def parse(self, answer: Any) -> tuple[dict[str, Any] | None, str | None]:
-        """Return (column values, None) for a valid answer, or (None, reason) for an invalid one."""
+        """Return (column values, None) for a valid answer, or (None, reason) for an invalid one.
+
+        The same answer text gets the same verdict: a classifier's answers repeat (a few labels, a
+        confidence with two decimals), so each distinct text is validated once, up to
+        :data:`MEMO_SIZE` of them — validating is most of what merging structured output costs.
+        The values dict is shared between rows with the same answer: callers only read it.
+        """
+        if not isinstance(answer, str):
+            return self._parse(answer)
+        verdict = self._memo.get(answer)
+        if verdict is None:
+            verdict = self._parse(answer)
+            if len(self._memo) < MEMO_SIZE:
+                self._memo[answer] = verdict
+        return verdict
+
+    def _parse(self, answer: Any) -> tuple[dict[str, Any] | None, str | None]:
         if not isinstance(answer, str) or not answer.strip():
             return None, "the answer is empty; expected a JSON object"
         try:

@@ -72,3 +72,21 @@ def test_join_writes_parsed_columns_and_invalid_output_rows():
     assert out["d"]["status"] == "missing"
     assert table.schema.field("confidence").type == pa.float64()
     assert stats.statuses == {"succeeded": 1, "invalid_output": 1, "errored": 1, "missing": 1}
+
+
+def test_repeated_answers_get_the_same_verdict_and_the_memo_stays_bounded(monkeypatch):
+    """Each distinct answer text is validated once and remembered, up to MEMO_SIZE texts; past
+    that, answers are still validated (correctly), just not remembered."""
+    from airflow_batch_provider.results import structured
+
+    monkeypatch.setattr(structured, "MEMO_SIZE", 3)
+    validator = OutputValidator(SCHEMA)
+    answers = [f'{{"label": "toys", "confidence": 0.{i}}}' for i in range(1, 6)] + [
+        '{"label": "cars", "confidence": 1}'
+    ]
+    first = [validator.parse(a) for a in answers]
+    again = [validator.parse(a) for a in answers]
+    assert again == first
+    assert [error is None for _, error in first] == [True] * 5 + [False]
+    assert [values["confidence"] for values, _ in first[:5]] == [0.1, 0.2, 0.3, 0.4, 0.5]
+    assert len(validator._memo) == 3
