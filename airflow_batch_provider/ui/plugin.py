@@ -11,10 +11,11 @@ The view is a FastAPI app (mounted by the api-server) shown through external vie
 
 from __future__ import annotations
 
+from typing import Any
+
 from airflow.plugins_manager import AirflowPlugin
 
 from airflow_batch_provider.links import UI_PREFIX
-from airflow_batch_provider.ui.app import app
 
 _RUN = UI_PREFIX + "/runs/{DAG_ID}/{RUN_ID}"
 
@@ -23,7 +24,19 @@ class LLMBatchesPlugin(AirflowPlugin):
     """A view of every chunk's batch per DAG run, plus the run report."""
 
     name = "llm_batches"
-    fastapi_apps = [{"app": app, "url_prefix": UI_PREFIX, "name": "LLM batches"}]
+
+    @property
+    def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        """The view's app, imported only where it is asked for (the api-server, ``airflow plugins``).
+
+        Every Airflow process loads plugins — each task process, the scheduler, ``dags test`` — and
+        the app pulls in the api-server's security modules (~0.3 s): not worth paying where nothing
+        mounts it.
+        """
+        from airflow_batch_provider.ui.app import app
+
+        return [{"app": app, "url_prefix": UI_PREFIX, "name": "LLM batches"}]
+
     external_views = [
         {"name": "LLM batches", "href": UI_PREFIX + "/", "destination": "nav", "url_route": "llm-batches"},
         {"name": "LLM batches", "href": _RUN, "destination": "dag_run", "url_route": "llm-batches-run"},
