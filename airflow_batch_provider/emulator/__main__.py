@@ -82,7 +82,12 @@ switch                     what the emulator does
 =========================  ======================================================================
 
 Route delays are how the crash tests stop a task at a known point and kill it there; held
-requests show in ``GET /_emulator/stats`` under ``http.delayed_in_flight``.
+requests show in ``GET /_emulator/stats`` under ``http.delayed_in_flight`` (counts per route) and
+``http.delayed_calls`` (one entry per held call: ``id``, ``phase``, ``request``, the caller's
+``client`` ``host:port``, ``held_s``). ``POST /_emulator/release`` with ``{"ids": [...]}`` (or no
+body: every held call) ends those holds now, as if their delay had run out: a test holds a route
+for long and releases the calls one by one, in the order it needs (``http.delayed_released``
+counts them).
 
 Line faults are picked per (seed, custom_id); HTTP faults per call from a seeded counter, so a
 retried request rolls again and the SDK's retries can get through. The expiry check wins over
@@ -178,7 +183,8 @@ def _add_fault_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="'METHOD /path=SECONDS'",
-        help="hold matching calls SECONDS before the route runs (repeatable)",
+        help="hold matching calls SECONDS before the route runs (repeatable); held calls are listed in "
+        'GET /_emulator/stats (http.delayed_calls) and POST /_emulator/release {"ids": [...]} ends a hold early',
     )
     parser.add_argument(
         "--delay-after-route",

@@ -6,7 +6,10 @@ routes need no auth and are never faulted.
 
 A route delay (``Faults.delay_routes`` / ``delay_after_routes``) holds the request in its handler
 thread and watches the socket meanwhile: a client that hangs up (a killed process) ends the wait
-at once, and a request delayed *before* its route is then dropped undone.
+at once, and a request delayed *before* its route is then dropped undone. ``GET /_emulator/stats``
+lists each held call (``http.delayed_calls``: id, phase, request, client ``host:port``, seconds
+held) and ``POST /_emulator/release`` ends the hold of chosen ones early, so a test decides in
+which order held calls land.
 """
 
 from __future__ import annotations
@@ -164,6 +167,10 @@ class BatchEmulator:
         self.store.set_faults(faults)
         return faults
 
+    def release(self, ids: list[int] | None = None) -> list[int]:
+        """End the hold of the held calls ``ids`` (all when None) now; return the ids released."""
+        return self.store.release(ids)
+
     @property
     def faults(self) -> Faults:
         """The fault settings in force."""
@@ -260,17 +267,28 @@ class BatchEmulator:
         done but the answer is lost.
         """
         what = f"{req.method} {req.path}"
-        self.store.delay_enter(phase, what)
-        log.info("delaying %s %s the route by %g s (fault)", what, phase, seconds)
+        host, port = handler.client_address[:2]
+        call = self.store.delay_enter(phase, what, f"{host}:{port}")
+        log.info("delaying %s %s the route by %g s (fault; held call %d)", what, phase, seconds, call.id)
         try:
-            alive = handler.wait_or_hangup(seconds)
+            alive = handler.wait_or_hangup(seconds, call.release)
         finally:
-            self.store.delay_exit(phase, what)
+            self.store.delay_exit(call)
         if not alive:
             self.store.bump("http", "delayed_abandoned")
             log.info("client hung up while %s was delayed %s the route; nothing is answered", what, phase)
             handler.close_connection = True
             raise ConnectionAbortedError(f"client hung up during a {phase}-route delay")
+
+    def _release(self, req: Request) -> Response:
+        """``POST /_emulator/release`` ``{"ids": [...]}`` (or no body: all): end those holds now."""
+        try:
+            ids = (orjson.loads(req.body) if req.body else {}).get("ids")
+            if ids is not None and not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+                raise ValueError("'ids' must be a list of held-call ids (http.delayed_calls[].id)")
+        except (ValueError, AttributeError) as exc:
+            return json_response({"error": f"release expects {{'ids': [int, ...]}} or nothing: {exc}"}, 400)
+        return json_response({"released": self.store.release(ids)})
 
     def _control(self, req: Request) -> Response:
         route = (req.method, req.path.rstrip("/"))
@@ -291,6 +309,8 @@ class BatchEmulator:
                 return json_response(self.set_faults(**settings).to_dict())
             except (ValueError, TypeError) as exc:
                 return json_response({"error": str(exc)}, 400)
+        if route == ("POST", "/_emulator/release"):
+            return self._release(req)
         if route == ("GET", "/_emulator/batches"):
             include = req.query.get("custom_ids", "") in ("1", "true")
             return json_response({"data": self.batches(include)})

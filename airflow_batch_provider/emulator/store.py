@@ -12,6 +12,7 @@ import itertools
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -21,6 +22,23 @@ from airflow_batch_provider.emulator.records import AnthropicBatch, OpenAIBatch,
 from airflow_batch_provider.emulator.scheduling import RealtimeScheduler
 
 _SECTIONS = ("openai", "anthropic", "bedrock", "realtime", "http")
+
+
+@dataclass
+class HeldCall:
+    """One request held by a route delay; setting ``release`` ends the hold early (``POST /_emulator/release``)."""
+
+    id: int
+    phase: str
+    request: str
+    client: str
+    since: float = field(default_factory=time.monotonic)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The call as ``GET /_emulator/stats`` lists it under ``http.delayed_calls``."""
+        held = round(time.monotonic() - self.since, 3)
+        return {"id": self.id, "phase": self.phase, "request": self.request, "client": self.client, "held_s": held}
 
 
 class Store:
@@ -38,6 +56,8 @@ class Store:
         self._ids = itertools.count()
         self._in_flight = 0
         self._delayed: Counter[tuple[str, str]] = Counter()
+        self._held: dict[int, HeldCall] = {}
+        self._held_ids = itertools.count(1)
         self.wakeup = threading.Event()
         # Replaced by BatchEmulator with the configured slots; unlimited until then.
         self.scheduler = RealtimeScheduler()
@@ -72,18 +92,39 @@ class Store:
         with self.lock:
             self._in_flight -= 1
 
-    def delay_enter(self, phase: str, what: str) -> None:
-        """Count one request as held by a route delay (``phase`` is ``before`` or ``after``)."""
+    def delay_enter(self, phase: str, what: str, client: str = "") -> HeldCall:
+        """Count one request as held by a route delay (``phase`` is ``before`` or ``after``); return its record.
+
+        ``client`` is the caller's ``host:port``, so a test can tell whose call is held.
+        """
         with self.lock:
             self._delayed[(phase, what)] += 1
             self.counters["http"]["delayed"] += 1
+            call = HeldCall(next(self._held_ids), phase, what, client)
+            self._held[call.id] = call
+            return call
 
-    def delay_exit(self, phase: str, what: str) -> None:
-        """Mark one delayed request as released (answered or abandoned)."""
+    def delay_exit(self, call: HeldCall) -> None:
+        """Mark one delayed request as no longer held (answered, released or abandoned)."""
         with self.lock:
-            self._delayed[(phase, what)] -= 1
-            if self._delayed[(phase, what)] <= 0:
-                del self._delayed[(phase, what)]
+            key = (call.phase, call.request)
+            self._delayed[key] -= 1
+            if self._delayed[key] <= 0:
+                del self._delayed[key]
+            self._held.pop(call.id, None)
+
+    def release(self, ids: list[int] | None = None) -> list[int]:
+        """End the hold of the held calls ``ids`` (every held call when None) now; return the ids released.
+
+        A released call goes on as if its delay had run out: before the route, the route runs;
+        after it, the answer goes out. Unknown ids (no longer held) are skipped.
+        """
+        with self.lock:
+            calls = [call for call in self._held.values() if ids is None or call.id in ids]
+            for call in calls:
+                call.release.set()
+                self.counters["http"]["delayed_released"] += 1
+            return [call.id for call in calls]
 
     # files ------------------------------------------------------------------------------------
 
@@ -131,6 +172,7 @@ class Store:
             delayed = [
                 {"phase": phase, "request": what, "count": count} for (phase, what), count in self._delayed.items()
             ]
+            held = [call.to_dict() for call in self._held.values()]
         defaults = {
             "openai": (
                 "files_uploaded",
@@ -157,7 +199,15 @@ class Store:
                 "requests_expired",
             ),
             "realtime": ("requests", "realtime_max_concurrency"),
-            "http": ("requests", "injected_429", "injected_500", "dropped", "delayed", "delayed_abandoned"),
+            "http": (
+                "requests",
+                "injected_429",
+                "injected_500",
+                "dropped",
+                "delayed",
+                "delayed_abandoned",
+                "delayed_released",
+            ),
         }
         for section, keys in defaults.items():
             for key in keys:
@@ -166,6 +216,7 @@ class Store:
         result["anthropic"]["batches_by_status"] = dict(anthropic_status)
         result["realtime"]["in_flight"] = in_flight
         result["http"]["delayed_in_flight"] = sorted(delayed, key=lambda d: (d["phase"], d["request"]))
+        result["http"]["delayed_calls"] = sorted(held, key=lambda d: d["id"])
         return result
 
     def batches(self, include_custom_ids: bool = False) -> list[dict[str, Any]]:

@@ -111,12 +111,12 @@ class Handler(BaseHTTPRequestHandler):
             elif not too_big:
                 buf += chunk
 
-    def wait_or_hangup(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; return False as soon as the client closes its connection."""
+    def wait_or_hangup(self, seconds: float, release: threading.Event | None = None) -> bool:
+        """Sleep up to ``seconds`` (less once ``release`` is set); return False as soon as the client hangs up."""
         deadline = time.monotonic() + seconds
         while True:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or (release is not None and release.is_set()):
                 return True
             try:
                 readable, _, _ = select.select([self.connection], [], [], min(left, 0.1))

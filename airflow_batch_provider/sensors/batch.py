@@ -159,17 +159,15 @@ class BatchCompleteSensor(BaseSensorOperator):
             self._record = WaitRecord.from_dict(data)
         else:  # the first run, or a record of an earlier submission (submit made a new batch)
             self._record = WaitRecord.start(origin)
-            self._cancel_siblings(context, origin)
+            self._cancel_siblings()
         return self._record
 
-    def _cancel_siblings(self, context: Context, keep: str) -> None:
-        """On first sight of the batch: cancel other live batches with its idempotency key (late orphan creates)."""
-        key = self.batch.get("idempotency_key")
-        if not key:
-            return
-        cancelled = cancel_siblings(self.hook, cast(ChunkDescriptor, self.batch), key, keep, since=None, log=self.log)
-        metrics = BatchMetrics.from_context(context, provider=self.batch["provider"], model=self.batch["model"])
-        metrics.duplicates_cancelled(len(cancelled))
+    def _cancel_siblings(self) -> None:
+        """Cancel other live batches with the submit's key (an orphan's late creates): at first sight and at the end."""
+        if key := self.batch.get("idempotency_key"):
+            chunk, keep = cast(ChunkDescriptor, self.batch), self.batch["batch_id"]
+            cancelled = cancel_siblings(self.hook, chunk, key, keep, since=None, log=self.log)
+            self._metrics.duplicates_cancelled(len(cancelled))
 
     def _save(self) -> None:
         if self._checkpoint is not None and self._record is not None:
@@ -278,6 +276,8 @@ class BatchCompleteSensor(BaseSensorOperator):
     def _on_terminal(self, context: Context, state: BatchState) -> Outcome:
         """Decide what an ended batch means: finished, a new batch to poll, wait, or raise."""
         attempt = len(self.record.attempts)
+        if attempt == 1:  # an orphan's create can land after the first look (it may be in flight for minutes)
+            self._cancel_siblings()
         label = self._label if attempt == 1 else f"{self._label} attempt {attempt}"
         if state.status is BatchStatus.FAILED:
             if is_token_limit_refusal(state):

@@ -143,6 +143,59 @@ def test_hang_up_during_an_after_delay_keeps_the_batch(batch_emulator: BatchEmul
     assert [b["status"] for b in batch_emulator.batches()] != ["cancelled"]
 
 
+def _post_release(emulator: BatchEmulator, body: bytes) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(emulator.url + "/_emulator/release", data=body, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def _answer(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        piece = sock.recv(65536)
+        assert piece, "the emulator closed the connection without answering"
+        data += piece
+    return data
+
+
+def test_release_ends_the_hold_of_the_chosen_call_only(batch_emulator: BatchEmulator) -> None:
+    """Held calls are listed one by one with their client; releasing one runs it now, the other stays held."""
+    file_id = _upload(batch_emulator)
+    batch_emulator.set_faults(delay_routes={BATCHES: 600})
+    first, second = _send_raw_create(batch_emulator, file_id), _send_raw_create(batch_emulator, file_id)
+    _wait_for(lambda: len(batch_emulator.stats()["http"]["delayed_calls"]) == 2, what="both calls to be held")
+    calls = batch_emulator.stats()["http"]["delayed_calls"]
+    by_client = {call["client"]: call for call in calls}
+    ports = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in (first, second)]
+    assert sorted(by_client) == sorted(ports) and {c["phase"] for c in calls} == {"before"}
+    assert {c["request"] for c in calls} == {BATCHES}
+    assert batch_emulator.batches() == []
+
+    status, body = _post_release(batch_emulator, json.dumps({"ids": [by_client[ports[1]]["id"]]}).encode())
+    assert (status, body) == (200, {"released": [by_client[ports[1]]["id"]]})
+    assert _answer(second).startswith(b"HTTP/1.1 200")  # long before the 600 s hold ends
+    assert len(batch_emulator.batches()) == 1
+    still = batch_emulator.stats()["http"]
+    assert [c["id"] for c in still["delayed_calls"]] == [by_client[ports[0]]["id"]]
+    assert still["delayed_released"] == 1
+
+    assert batch_emulator.release() == [by_client[ports[0]]["id"]]  # no ids: every held call
+    assert _answer(first).startswith(b"HTTP/1.1 200")
+    assert len(batch_emulator.batches()) == 2
+    assert _post_release(batch_emulator, json.dumps({"ids": [12345]}).encode()) == (200, {"released": []})
+    first.close()
+    second.close()
+
+
+def test_release_rejects_a_malformed_body(batch_emulator: BatchEmulator) -> None:
+    status, body = _post_release(batch_emulator, json.dumps({"ids": "all"}).encode())
+    assert status == 400 and "ids" in body["error"]
+
+
 def test_after_delay_answers_late_with_the_created_batch(batch_emulator: BatchEmulator) -> None:
     batch_emulator.set_faults(delay_after_routes={"GET /v1/files/{file_id}/content": 0.3})
     with openai.OpenAI(api_key="k", base_url=batch_emulator.openai_base_url) as sdk:

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from tests.scheduler.postgres import sqlalchemy_url
-from tests.scheduler.processes import Component, DeploymentError, free_port, process_title, wait_for
+from tests.scheduler.processes import Component, DeploymentError, free_port, parent_pid, process_title, wait_for
 
 EMULATOR_KEY = "emulator-key"
 BEDROCK_BUCKET = "abp-scheduler-bedrock"
@@ -342,6 +342,30 @@ class Deployment:
         os.kill(int(pid), signal.SIGKILL)
         return int(pid)
 
+    def kill_supervisor(self, ti: Mapping[str, Any]) -> tuple[int, int]:
+        """SIGKILL only the *supervisor* of ``ti``'s task process and leave the task process running.
+
+        Return ``(supervisor pid, task pid)``. The task process (``pid``, titled ``airflow worker --
+        <ti id>``) is checked as in :meth:`kill_task_process`; its parent must be titled ``airflow
+        worker -- LocalExecutor: <ti id>`` (the LocalExecutor worker that supervises it). With its
+        supervisor gone the task process is an orphan: nobody heartbeats for it or reports its end,
+        so the scheduler fails the try after ``task_instance_heartbeat_timeout`` and retries it while
+        the orphan may still be working. The caller must end the orphan (``os.kill``) when done.
+        """
+        pid = ti.get("pid")
+        if not pid:
+            raise DeploymentError(f"task instance {ti['task_id']}[{ti['map_index']}] has no pid: {ti}")
+        title = process_title(int(pid))
+        if str(ti["id"]) not in title or "LocalExecutor" in title:
+            raise DeploymentError(f"pid {pid} is not the task process of {ti['id']}: {title!r}")
+        supervisor = parent_pid(int(pid))
+        supervisor_title = process_title(supervisor)
+        if f"LocalExecutor: {ti['id']}" not in supervisor_title:
+            raise DeploymentError(f"pid {supervisor}, parent of {pid}, is not the supervisor of {ti['id']}: "
+                                  f"{supervisor_title!r}")  # fmt: skip
+        os.kill(supervisor, signal.SIGKILL)
+        return supervisor, int(pid)
+
     # emulator --------------------------------------------------------------------------------------
 
     def emulator_get(self, path: str) -> Any:
@@ -353,6 +377,17 @@ class Deployment:
     def set_faults(self, **faults: Any) -> None:
         """Replace the emulator's fault settings (unnamed ones go back to off)."""
         self._http.post(f"{self.emulator_url}/_emulator/faults", json=faults).raise_for_status()
+
+    def held_calls(self) -> list[dict[str, Any]]:
+        """Return the calls a route delay holds now (``id``, ``phase``, ``request``, ``client`` ``host:port``, ``held_s``)."""
+        return list(self.emulator_get("/_emulator/stats")["http"]["delayed_calls"])
+
+    def release_held(self, ids: list[int] | None = None) -> list[int]:
+        """End the hold of the held calls ``ids`` (all when None) now; return the ids the emulator released."""
+        body = {} if ids is None else {"ids": ids}
+        response = self._http.post(f"{self.emulator_url}/_emulator/release", json=body)
+        response.raise_for_status()
+        return list(response.json()["released"])
 
     @contextmanager
     def faults(self, **faults: Any) -> Iterator[None]:

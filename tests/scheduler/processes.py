@@ -102,3 +102,33 @@ def process_title(pid: int) -> str:
     except OSError:
         return ""
     return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+def parent_pid(pid: int) -> int:
+    """Return the parent pid of ``pid`` (from ``/proc/<pid>/stat``); raise DeploymentError if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError as exc:
+        raise DeploymentError(f"process {pid} is gone: {exc}") from exc
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def client_addresses(pid: int) -> set[str]:
+    """Return the local ``host:port`` of every TCP connection ``pid`` has open (empty if it is gone)."""
+    import psutil
+
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return set()
+    return {f"{c.laddr.ip}:{c.laddr.port}" for c in connections if c.laddr}
