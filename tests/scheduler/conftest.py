@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -17,6 +18,9 @@ from tests.conftest import REPO_ROOT
 from tests.scheduler.deployment import Deployment
 from tests.scheduler.postgres import create_database, drop_database
 from tests.scheduler.processes import DeploymentError
+
+if TYPE_CHECKING:  # the crash-safety module imports DAG_ID from here
+    from tests.scheduler.test_crash_safety import Outcome
 
 DAG_ID = "nightly_product_classification"
 
@@ -54,3 +58,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     deployment = getattr(item, "funcargs", {}).get("deployment")
     if report.failed and isinstance(deployment, Deployment) and not hasattr(report, "wasxfail"):
         report.sections.append(("airflow deployment logs", deployment.diagnostics()))
+
+
+@pytest.fixture(scope="session")
+def undisturbed(deployment: Deployment) -> Outcome:
+    """Run the example DAG once without faults: the reference every crash test compares with.
+
+    Session-scoped and defined here so that the crash-safety and orphaned-submit modules share
+    one run (~1 min) instead of making one each.
+    """
+    from tests.scheduler.test_crash_safety import JobRun
+
+    return JobRun(deployment, "undisturbed").finish()

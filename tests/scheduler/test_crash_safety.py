@@ -295,12 +295,6 @@ def _isolated(deployment: Deployment) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def undisturbed(deployment: Deployment) -> Outcome:
-    """Run the DAG once without faults: the reference every crash test compares with."""
-    return JobRun(deployment, "undisturbed").finish()
-
-
-@pytest.fixture(scope="module")
 def undisturbed_bedrock(deployment: Deployment) -> Outcome:
     """The undisturbed reference run on Bedrock."""
     return JobRun(deployment, "undisturbed-bedrock", BEDROCK).finish()

@@ -59,12 +59,6 @@ def _isolated(deployment: Deployment) -> Iterator[None]:
     deployment.fail_unfinished_runs(DAG_ID)
 
 
-@pytest.fixture(scope="module")
-def undisturbed(deployment: Deployment) -> Outcome:
-    """Run the DAG once without faults: the output the disturbed run must equal."""
-    return JobRun(deployment, "undisturbed").finish()
-
-
 def test_kill_supervisor_while_create_in_flight(deployment: Deployment, undisturbed: Outcome) -> None:
     """SIGKILL only a submit's supervisor while its ``POST /v1/batches`` is held; the orphan's create lands late.
 
