@@ -22,6 +22,7 @@ from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.report import write_run_report
 from airflow_batch_provider.results.merge import PartSink, merge_chunk, remove_stale_parts
 from airflow_batch_provider.results.summary import MergeStats, format_summary_table
+from airflow_batch_provider.utils.arrow_memory import returning_memory
 from airflow_batch_provider.utils.storage import atomic_write, makedirs
 
 
@@ -150,7 +151,8 @@ class MergeResultsOperator(BaseOperator):
         for batch in batches:
             provider = batch["provider"]
             hook = hooks.get(provider) or hooks.setdefault(provider, self._hook(provider))
-            stats = merge_chunk(hook, batch, self.output_dir, self.sink)
+            with returning_memory():  # one chunk's tables at a time: freed buffers go back to the OS at once
+                stats = merge_chunk(hook, batch, self.output_dir, self.sink)
             # Carried rows were paid for in an earlier run: price only what this run's batches used.
             usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
             self._log_merged(batch, stats)
