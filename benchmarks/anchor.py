@@ -46,6 +46,10 @@ ANCHOR_VERSION = os.environ.get("ANCHOR_VERSION", "1.0.0")
 PROJECT_DAG = "nightly_product_classification"
 ANCHOR_DAG = "anchor_product_classification"
 POLL_INTERVAL = 1
+# The anchor sends a job as one batch (LLMBatchOperator does not split; 50,000 requests at most), so
+# the project does too: its example DAG's `chunk_size` Param at OpenAI's per-batch maximum. Its
+# default (10,000) would send five batches at 50k rows, each with a submit and a wait task instance.
+PROJECT_CHUNK_SIZE = int(os.environ.get("ANCHOR_PROJECT_CHUNK_SIZE") or 50_000)
 LATENCY = "1"
 
 
@@ -166,6 +170,7 @@ def run_one(side: str, rows: int, table: str, airflow: Path) -> dict[str, Any]:
                 "data_dir": str(Path(table).parent),
                 "output_dir": str(work / "output"),
                 "poll_interval": POLL_INTERVAL,
+                "chunk_size": PROJECT_CHUNK_SIZE,
             }
         else:
             dag_id = ANCHOR_DAG
