@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from xml.sax.saxutils import escape, quoteattr
+from html import escape  # not xml.sax.saxutils: that imports urllib.request (~20 ms) for the same five entities
 
 FONT = "system-ui,-apple-system,'Segoe UI',sans-serif"
 AXIS = "#52606d"
@@ -23,13 +23,16 @@ _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def escape_text(text: str) -> str:
-    """Return ``text`` safe as XML element content."""
-    return escape(_NOT_XML.sub("\ufffd", text))
+    """Return ``text`` safe as XML element content or inside a double-quoted attribute.
+
+    ``html.escape`` writes only &amp; &lt; &gt; &quot; and &#x27;, all valid XML.
+    """
+    return escape(_NOT_XML.sub("\ufffd", text), quote=True)
 
 
 def attr(value: str) -> str:
-    """Return ``value`` as a quoted, escaped XML attribute value."""
-    return quoteattr(_NOT_XML.sub("\ufffd", value))
+    """Return ``value`` as a double-quoted, escaped XML attribute value."""
+    return f'"{escape_text(value)}"'
 
 
 def num(value: float) -> str:
