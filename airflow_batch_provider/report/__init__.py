@@ -6,7 +6,8 @@ merge summary's (``_SUMMARY.json``) plus each chunk's merge counters and batch t
 report adds pictures, never a second way of counting.
 
 - :mod:`.model`: the report's data, built from the summary and the per-chunk merge results.
-- :mod:`.charts`: the charts, drawn by matplotlib as inline SVG.
+- :mod:`.charts`: the three charts, as inline SVG.
+- :mod:`.svg`: the SVG building blocks the charts share: escaping, round-number ticks, a bar chart.
 - :mod:`.html`: the page, and :func:`write_run_report`, the merge step's single entry point.
 """
 
