@@ -85,6 +85,8 @@ def build_project_venv() -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(PROJECT_VENV)], check=True)
     _say(f"installing this checkout into {PROJECT_VENV}")
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    # setuptools builds in the checkout's build/ and would package a module deleted since from there.
+    shutil.rmtree(REPO / "build", ignore_errors=True)
     # With the [tokens] extra: ChunkOperator counts OpenAI tokens exactly (tiktoken), as in the dev venv.
     subprocess.run([*pip, f"{REPO}[tokens]"], check=True)
     subprocess.run([*pip, "--force-reinstall", "--no-deps", str(REPO)], check=True)
