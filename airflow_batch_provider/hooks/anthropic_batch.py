@@ -27,6 +27,7 @@ from airflow_batch_provider.chunking.limits import ANTHROPIC_LIMITS, ProviderLim
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.hooks.tls import with_shared_tls
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_anthropic_result
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
@@ -153,7 +154,8 @@ class AnthropicBatchHook(BatchHook):
     @cached_property
     def client(self) -> anthropic.Anthropic:
         """The synchronous SDK client, built once from the connection."""
-        return anthropic.Anthropic(**self._client_kwargs(self.get_connection(self.conn_id)))
+        kwargs = self._client_kwargs(self.get_connection(self.conn_id))
+        return anthropic.Anthropic(**with_shared_tls(anthropic, kwargs, asynchronous=False))
 
     def get_conn(self) -> anthropic.Anthropic:
         """Return the synchronous SDK client."""
@@ -163,8 +165,13 @@ class AnthropicBatchHook(BatchHook):
         """Return the async SDK client (connection read without blocking the event loop)."""
         if self._async_client is None:
             conn = await self.aget_connection(self.conn_id)
+
             # Building a client loads the TLS trust store (tens of ms): not on the triggerer's loop.
-            self._async_client = await asyncio.to_thread(lambda: anthropic.AsyncAnthropic(**self._client_kwargs(conn)))
+            def build() -> anthropic.AsyncAnthropic:
+                kwargs = with_shared_tls(anthropic, self._client_kwargs(conn), asynchronous=True)
+                return anthropic.AsyncAnthropic(**kwargs)
+
+            self._async_client = await asyncio.to_thread(build)
         return self._async_client
 
     def _call(self, what: str, fn: Any) -> Any:

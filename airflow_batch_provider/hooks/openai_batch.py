@@ -23,6 +23,7 @@ from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
+from airflow_batch_provider.hooks.tls import with_shared_tls
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
@@ -178,14 +179,17 @@ class OpenAIBatchHook(BatchHook):
     @cached_property
     def client(self) -> openai.OpenAI:
         """The synchronous SDK client, built once from the connection."""
-        return openai.OpenAI(**self._client_kwargs(self.get_connection(self.conn_id)))
+        kwargs = self._client_kwargs(self.get_connection(self.conn_id))
+        return openai.OpenAI(**with_shared_tls(openai, kwargs, asynchronous=False))
 
     async def aget_client(self) -> openai.AsyncOpenAI:
         """Return the async SDK client (connection read without blocking the event loop)."""
         if self._async_client is None:
             conn = await self.aget_connection(self.conn_id)
             # Building a client loads the TLS trust store (tens of ms): not on the triggerer's loop.
-            self._async_client = await asyncio.to_thread(lambda: openai.AsyncOpenAI(**self._client_kwargs(conn)))
+            self._async_client = await asyncio.to_thread(
+                lambda: openai.AsyncOpenAI(**with_shared_tls(openai, self._client_kwargs(conn), asynchronous=True))
+            )
         return self._async_client
 
     def _call(self, what: str, fn: Any) -> Any:
