@@ -4,9 +4,13 @@ Both DAGs run under ``airflow dags test`` (every task in one process, a deferred
 in line) against the project's emulator, on the same synthetic products table, polling every
 second, interleaved (anchor, project, then project, anchor on the next repeat) at each size:
 
-- the project: ``dags/nightly_product_classification.py`` (chunk → submit → wait → merge) in the
-  project's virtualenv; its output folder and job folder are emptied before each run, so each run
-  sends every row (with them kept, a second run over the same rows sends none);
+- the project: ``dags/nightly_product_classification.py`` (chunk → submit → wait → merge), alone in
+  its DAG folder as the anchor's DAG is in its own, in a virtualenv of its own like the anchor's,
+  ``.demo/anchor/project-venv`` (``pip install '.[tokens]'``: what a user installs, with exact token
+  counts; reinstalled from this checkout on every run). It sends a job as one batch, as the anchor
+  does: ``chunk_size`` 50,000 (``--chunk-size``, ``ANCHOR_PROJECT_CHUNK_SIZE``). Its output folder
+  and job folder are emptied before each run, so each run sends every row (with them kept, a second
+  run over the same rows sends none);
 - the anchor: ``benchmarks/anchor_dags/anchor_classification.py`` (prompts → LLMBatchOperator →
   the join back onto the source rows) in its own virtualenv, ``.demo/anchor/venv``, made on first
   use with ``apache-airflow-providers-common-ai[openai]`` (``ANCHOR_VERSION``, 1.0.0 by default).
@@ -21,6 +25,10 @@ over its batches' ``request_counts.total``). The last line printed::
 
 ``wall_ratio_*`` and ``rss_ratio_50k`` are project ÷ anchor (below 1: the project is faster or
 smaller), each side's best (lowest) of its repeats; ``db_kb_50k`` is the project's DB growth.
+
+``--project-only --rows 10000,200000 --chunk-size 10000`` runs the example DAG alone, as it ships,
+and prints how its whole ``dags test`` process's peak RSS grows with the job (the anchor cannot
+run 200,000 rows: one LLMBatchOperator takes at most 50,000).
 """
 
 from __future__ import annotations
@@ -150,7 +158,7 @@ def _env(home: Path, dags: Path, port: int) -> dict[str, str]:
     return env
 
 
-def run_one(side: str, rows: int, table: str, airflow: Path) -> dict[str, Any]:
+def run_one(side: str, rows: int, table: str, airflow: Path, chunk_size: int = PROJECT_CHUNK_SIZE) -> dict[str, Any]:
     """Run one side's DAG once at ``rows`` rows on a fresh emulator and metadata DB; return its figures."""
     run_dir = BENCH_DIR / "anchor" / side
     home, work = run_dir / "airflow", run_dir / "work"
@@ -172,7 +180,7 @@ def run_one(side: str, rows: int, table: str, airflow: Path) -> dict[str, Any]:
                 "data_dir": str(Path(table).parent),
                 "output_dir": str(work / "output"),
                 "poll_interval": POLL_INTERVAL,
-                "chunk_size": PROJECT_CHUNK_SIZE,
+                "chunk_size": chunk_size,
             }
         else:
             dag_id = ANCHOR_DAG
@@ -234,25 +242,65 @@ def _run_state(db: Path, dag_id: str) -> str | None:
     return row[0] if row else None
 
 
+def _sizes(rows: str) -> list[int]:
+    return sorted(int(float(s)) for s in rows.replace("_", "").split(",") if s.strip())
+
+
+def project_growth(rows: str, chunk_size: int) -> int:
+    """Run the project's DAG alone at each size; print its peak RSS, and the largest size's over the smallest's.
+
+    Last line: ``project: peak_rss_mb_<small>k=A peak_rss_mb_<large>k=B rss_growth=B/A``.
+    """
+    from airflow_batch_provider.examples import write_synthetic_products
+
+    airflow = build_project_venv()
+    sizes = _sizes(rows)
+    _say(f"load {os.getloadavg()}; project only, sizes {sizes}, chunk_size {chunk_size:,}")
+    peaks = {}
+    for size in sizes:
+        table = write_synthetic_products(size, str(BENCH_DIR / "anchor" / "data"))
+        result = run_one("project", size, table, airflow, chunk_size)
+        _say(json.dumps(result))
+        peaks[size] = result["peak_rss_mb"]
+    small, large = sizes[0], sizes[-1]
+    print(
+        f"project: peak_rss_mb_{small // 1000}k={peaks[small]} peak_rss_mb_{large // 1000}k={peaks[large]} "
+        f"rss_growth={peaks[large] / peaks[small]:.2f}"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run both DAGs interleaved at each size; print a table and the ``anchor:`` line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default=os.environ.get("ANCHOR_ROWS") or "10000,50000")
     parser.add_argument("--repeat", type=int, default=int(os.environ.get("ANCHOR_REPEAT") or 2))
+    parser.add_argument(
+        "--project-only",
+        action="store_true",
+        help="run only the project's DAG (e.g. --rows 10000,200000 --chunk-size 10000: how its peak RSS grows)",
+    )
+    parser.add_argument("--chunk-size", type=int, default=PROJECT_CHUNK_SIZE, help="the project DAG's chunk_size")
     args = parser.parse_args(argv)
     from airflow_batch_provider.examples import write_synthetic_products
 
+    if args.project_only:
+        return project_growth(args.rows, args.chunk_size)
     anchor_airflow = ensure_anchor_venv()
     project_airflow = build_project_venv()
-    sizes = sorted(int(float(s)) for s in args.rows.replace("_", "").split(",") if s.strip())
-    _say(f"load {os.getloadavg()}; sizes {sizes}; {args.repeat} interleaved repeats")
+    sizes = _sizes(args.rows)
+    _say(
+        f"load {os.getloadavg()}; sizes {sizes}; {args.repeat} interleaved repeats; project chunk_size "
+        f"{args.chunk_size:,}"
+    )
     runs: list[dict[str, Any]] = []
     for rows in sizes:
         table = write_synthetic_products(rows, str(BENCH_DIR / "anchor" / "data"))
         for repeat in range(args.repeat):
             order = ("anchor", "project") if repeat % 2 == 0 else ("project", "anchor")
             for side in order:
-                result = run_one(side, rows, table, anchor_airflow if side == "anchor" else project_airflow)
+                airflow = anchor_airflow if side == "anchor" else project_airflow
+                result = run_one(side, rows, table, airflow, args.chunk_size)
                 _say(json.dumps(result))
                 runs.append(result)
     best = {
