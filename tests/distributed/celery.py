@@ -145,13 +145,13 @@ class CeleryDeployment(Deployment):
     def diagnostics(self, lines: int = 120) -> str:
         """The core components' and the emulator's logs, then each worker's log and latest task logs."""
         parts = [super().diagnostics(lines)]
-        from tests.scheduler.deployment import _tail
+        from tests.scheduler.processes import log_tail
 
         for worker in self.workers.values():
-            parts.append(_tail(worker.log_path, lines, f"{worker.name} ({'alive' if worker.alive else 'stopped'})"))
+            parts.append(log_tail(worker.log_path, lines, f"{worker.name} ({'alive' if worker.alive else 'stopped'})"))
             task_logs = sorted((self.root / worker.name / "logs").rglob("*.log"), key=lambda p: p.stat().st_mtime)
             for path in task_logs[-8:]:
-                parts.append(_tail(path, 60, f"{worker.name}: {path.name}"))
+                parts.append(log_tail(path, 60, f"{worker.name}: {path.name}"))
         return "\n".join(parts)
 
 

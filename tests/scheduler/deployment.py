@@ -24,7 +24,16 @@ from typing import Any
 import httpx
 
 from tests.scheduler.postgres import sqlalchemy_url
-from tests.scheduler.processes import Component, DeploymentError, free_port, parent_pid, process_title, wait_for
+from tests.scheduler.processes import (
+    Component,
+    DeploymentError,
+    free_port,
+    log_tail,
+    parent_pid,
+    process_title,
+    task_process_pid,
+    wait_for,
+)
 
 EMULATOR_KEY = "emulator-key"
 BEDROCK_BUCKET = "abp-scheduler-bedrock"
@@ -333,14 +342,9 @@ class Deployment:
         ``LocalExecutor:``. Only the task process is killed: the supervisor then reports the try
         failed and the scheduler retries it.
         """
-        pid = ti.get("pid")
-        if not pid:
-            raise DeploymentError(f"task instance {ti['task_id']}[{ti['map_index']}] has no pid: {ti}")
-        title = process_title(int(pid))
-        if str(ti["id"]) not in title or "LocalExecutor" in title:
-            raise DeploymentError(f"pid {pid} is not the task process of {ti['id']}: {title!r}")
-        os.kill(int(pid), signal.SIGKILL)
-        return int(pid)
+        pid = task_process_pid(ti)
+        os.kill(pid, signal.SIGKILL)
+        return pid
 
     def kill_supervisor(self, ti: Mapping[str, Any]) -> tuple[int, int]:
         """SIGKILL only the *supervisor* of ``ti``'s task process and leave the task process running.
@@ -352,19 +356,14 @@ class Deployment:
         so the scheduler fails the try after ``task_instance_heartbeat_timeout`` and retries it while
         the orphan may still be working. The caller must end the orphan (``os.kill``) when done.
         """
-        pid = ti.get("pid")
-        if not pid:
-            raise DeploymentError(f"task instance {ti['task_id']}[{ti['map_index']}] has no pid: {ti}")
-        title = process_title(int(pid))
-        if str(ti["id"]) not in title or "LocalExecutor" in title:
-            raise DeploymentError(f"pid {pid} is not the task process of {ti['id']}: {title!r}")
-        supervisor = parent_pid(int(pid))
+        pid = task_process_pid(ti)
+        supervisor = parent_pid(pid)
         supervisor_title = process_title(supervisor)
         if f"LocalExecutor: {ti['id']}" not in supervisor_title:
             raise DeploymentError(f"pid {supervisor}, parent of {pid}, is not the supervisor of {ti['id']}: "
                                   f"{supervisor_title!r}")  # fmt: skip
         os.kill(supervisor, signal.SIGKILL)
-        return supervisor, int(pid)
+        return supervisor, pid
 
     # emulator --------------------------------------------------------------------------------------
 
@@ -405,37 +404,12 @@ class Deployment:
         parts: list[str] = []
         for component in [*self.components.values(), *([self.emulator] if self.emulator else [])]:
             parts.append(
-                _tail(component.log_path, lines, f"{component.name} ({'alive' if component.alive else 'stopped'})")
+                log_tail(component.log_path, lines, f"{component.name} ({'alive' if component.alive else 'stopped'})")
             )
         task_logs = sorted((self.home / "logs").rglob("*.log"), key=lambda p: p.stat().st_mtime)
         for path in task_logs[-25:]:
-            parts.append(_tail(path, 60, str(path.relative_to(self.home / "logs"))))
+            parts.append(log_tail(path, 60, str(path.relative_to(self.home / "logs"))))
         return "\n".join(parts)
-
-
-def _tail(path: Path, lines: int, title: str) -> str:
-    try:
-        text = [_readable(line) for line in path.read_text(errors="replace").splitlines()[-lines:]]
-    except OSError as exc:
-        text = [f"<unreadable: {exc}>"]
-    return f"----- {title}: {path} (last {len(text)} lines)\n" + "\n".join(text)
-
-
-def _readable(line: str) -> str:
-    """Shorten one structured (JSON) log line to ``time level logger: event`` plus any exception."""
-    if not line.startswith("{"):
-        return line
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return line
-    if not isinstance(record, dict) or "event" not in record:
-        return line
-    text = f"{str(record.get('timestamp', ''))[11:23]} {record.get('level', '')} {record.get('logger', '')}: {record['event']}"
-    for error in record.get("error_detail") or []:
-        frames = " < ".join(f"{Path(f['filename']).name}:{f['lineno']}" for f in reversed(error.get("frames", [])[-4:]))
-        text += f"\n    {error.get('exc_type')}: {error.get('exc_value')} [{frames}]"
-    return text
 
 
 def _fernet_key() -> str:

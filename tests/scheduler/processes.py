@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -9,7 +10,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -132,3 +133,39 @@ def client_addresses(pid: int) -> set[str]:
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return set()
     return {f"{c.laddr.ip}:{c.laddr.port}" for c in connections if c.laddr}
+
+
+def task_process_pid(ti: Mapping[str, Any]) -> int:
+    """Return the pid of ``ti``'s task process (titled ``airflow worker -- <ti id>``), checked by its title."""
+    pid = ti.get("pid")
+    if not pid:
+        raise DeploymentError(f"task instance {ti['task_id']}[{ti['map_index']}] has no pid: {ti}")
+    title = process_title(int(pid))
+    if str(ti["id"]) not in title or "LocalExecutor" in title:
+        raise DeploymentError(f"pid {pid} is not the task process of {ti['id']}: {title!r}")
+    return int(pid)
+
+
+def log_tail(path: Path, lines: int, title: str) -> str:
+    try:
+        text = [readable_log_line(line) for line in path.read_text(errors="replace").splitlines()[-lines:]]
+    except OSError as exc:
+        text = [f"<unreadable: {exc}>"]
+    return f"----- {title}: {path} (last {len(text)} lines)\n" + "\n".join(text)
+
+
+def readable_log_line(line: str) -> str:
+    """Shorten one structured (JSON) log line to ``time level logger: event`` plus any exception."""
+    if not line.startswith("{"):
+        return line
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict) or "event" not in record:
+        return line
+    text = f"{str(record.get('timestamp', ''))[11:23]} {record.get('level', '')} {record.get('logger', '')}: {record['event']}"
+    for error in record.get("error_detail") or []:
+        frames = " < ".join(f"{Path(f['filename']).name}:{f['lineno']}" for f in reversed(error.get("frames", [])[-4:]))
+        text += f"\n    {error.get('exc_type')}: {error.get('exc_value')} [{frames}]"
+    return text
