@@ -15,8 +15,7 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.distributed.celery import CeleryDeployment
 from tests.distributed.s3 import MotoS3
-from tests.scheduler.postgres import create_database, drop_database
-from tests.scheduler.processes import DeploymentError
+from tests.scheduler.lifecycle import running
 
 DAG_IDS = ("nightly_product_classification", "self_hosted_vllm")
 
@@ -44,25 +43,12 @@ def s3(moto_s3: MotoS3, monkeypatch: pytest.MonkeyPatch) -> MotoS3:
 def celery_deployment(moto_s3: MotoS3, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CeleryDeployment]:
     """Start the CeleryExecutor deployment (three workers on private disks) once for the suite."""
     root = tmp_path_factory.mktemp("celery")
-    try:
-        database = create_database("abp_celery")
-    except Exception as exc:  # psycopg2.OperationalError and friends
-        pytest.fail(f"the distributed suite needs PostgreSQL on 127.0.0.1:5432 (user postgres): {exc}")
-    deployment = CeleryDeployment(root, REPO_ROOT / "dags", database, moto_s3)
-    try:
-        try:
-            deployment.start_emulator()
-            deployment.start()
-            for dag_id in DAG_IDS:
-                deployment.wait_for_dag(dag_id)
-        except Exception as exc:
-            raise DeploymentError(f"the deployment did not start: {exc}\n\n{deployment.diagnostics()}") from exc
+
+    def build(database: str) -> CeleryDeployment:
+        return CeleryDeployment(root, REPO_ROOT / "dags", database, moto_s3)
+
+    with running("distributed suite", "abp_celery", root, build, DAG_IDS) as deployment:
         yield deployment
-    finally:
-        try:
-            deployment.stop()
-        finally:
-            drop_database(database)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -8,7 +8,6 @@ of the latest task logs is attached to its report: in CI they are the only clue.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -16,8 +15,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.scheduler.deployment import Deployment
-from tests.scheduler.postgres import create_database, drop_database
-from tests.scheduler.processes import DeploymentError
+from tests.scheduler.lifecycle import running
 
 if TYPE_CHECKING:  # the crash-safety module imports DAG_ID from here
     from tests.scheduler.test_crash_safety import Outcome
@@ -29,25 +27,10 @@ DAG_ID = "nightly_product_classification"
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """Start Airflow on a throwaway PostgreSQL database plus the emulator; yield the handle."""
     root = tmp_path_factory.mktemp("scheduler")
-    try:
-        database = create_database("abp_sched")
-    except Exception as exc:  # psycopg2.OperationalError and friends
-        pytest.fail(f"the scheduler suite needs PostgreSQL on 127.0.0.1:5432 (user postgres): {exc}")
-    deployment = Deployment(root, REPO_ROOT / "dags", database)
-    try:
-        try:
-            deployment.start_emulator()
-            deployment.start()
-            deployment.wait_for_dag(DAG_ID)
-        except Exception as exc:
-            raise DeploymentError(f"the deployment did not start: {exc}\n\n{deployment.diagnostics()}") from exc
-        yield deployment
-    finally:
-        try:
-            deployment.stop()
-        finally:
-            drop_database(database)
-            shutil.rmtree(root / "jobs", ignore_errors=True)  # chunk files: tens of MB per run
+    with running(
+        "scheduler suite", "abp_sched", root, lambda db: Deployment(root, REPO_ROOT / "dags", db), [DAG_ID]
+    ) as d:
+        yield d
 
 
 @pytest.hookimpl(hookwrapper=True)

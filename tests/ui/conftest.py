@@ -7,7 +7,6 @@ browser is Debian's ``chromium`` through ``chromium-driver`` (``make test`` inst
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +14,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.scheduler.deployment import Deployment
-from tests.scheduler.postgres import create_database, drop_database
-from tests.scheduler.processes import DeploymentError
+from tests.scheduler.lifecycle import running
 
 DAG_ID = "nightly_product_classification"
 CHROMIUM = "/usr/bin/chromium"
@@ -28,27 +26,15 @@ NO_ROLE_USER = "nobody"
 def ui_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """Start Airflow plus the emulator on a throwaway PostgreSQL database; yield the handle."""
     root = tmp_path_factory.mktemp("ui")
-    try:
-        database = create_database("abp_ui")
-    except Exception as exc:
-        pytest.fail(f"the browser suite needs PostgreSQL on 127.0.0.1:5432 (user postgres): {exc}")
-    deployment = Deployment(root, REPO_ROOT / "dags", database)
-    # "nobody" logs in but has no role: the simple auth manager refuses it every DAG (the 403 case).
-    deployment.env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = f"admin:admin,{NO_ROLE_USER}:"
-    try:
-        try:
-            deployment.start_emulator()
-            deployment.start()
-            deployment.wait_for_dag(DAG_ID)
-        except Exception as exc:
-            raise DeploymentError(f"the deployment did not start: {exc}\n\n{deployment.diagnostics()}") from exc
+
+    def build(database: str) -> Deployment:
+        deployment = Deployment(root, REPO_ROOT / "dags", database)
+        # "nobody" logs in but has no role: the simple auth manager refuses it every DAG (the 403 case).
+        deployment.env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] = f"admin:admin,{NO_ROLE_USER}:"
+        return deployment
+
+    with running("browser suite", "abp_ui", root, build, [DAG_ID]) as deployment:
         yield deployment
-    finally:
-        try:
-            deployment.stop()
-        finally:
-            drop_database(database)
-            shutil.rmtree(root / "jobs", ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
