@@ -36,6 +36,23 @@ def test_every_dag_file_loads_without_import_errors(dagbag):
     assert {f.name for f in DAG_FILES} <= loaded_files
 
 
+# What a DAG file must not import at parse time: the dag-processor parses every file again and again
+# (and `dags test` twice), and each of these costs 0.1-0.4 s or more. Tasks import them when they run.
+HEAVY_AT_PARSE = ("openai", "anthropic", "boto3", "tiktoken", "redis", "vllm", "matplotlib", "fastapi")
+
+
+@pytest.mark.parametrize("dag_file", DAG_FILES, ids=lambda p: p.stem)
+def test_parsing_a_dag_file_imports_no_sdk(dag_file):
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('dag', {str(dag_file)!r})\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        f"print(sorted(m for m in {HEAVY_AT_PARSE!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "[]", f"{dag_file.name} imports at parse time: {done.stdout}"
+
+
 def test_example_dag_shape(dagbag):
     dag = dagbag.dags["nightly_product_classification"]
     assert set(dag.task_ids) == {"make_products", "chunk", "submit", "wait", "merge"}
