@@ -96,8 +96,7 @@ class ServerGenerateOperator(SelfHostedGenerateOperator):
         from airflow_batch_provider.hooks.openai_compatible import ServerRequest
 
         hook = self.hook()
-        override = self.model
-        extra: dict[str, Any] = {"model": override} if override else {}
+        extra: dict[str, Any] = {"model": self.model} if self.model else {}
         if self.priority is not None:
             extra["priority"] = self.priority
 
