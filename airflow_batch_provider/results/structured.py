@@ -17,8 +17,11 @@ import pyarrow as pa
 
 from airflow_batch_provider.utils.storage import to_path
 
-#: Distinct answer texts whose verdict :meth:`OutputValidator.parse` remembers (a bound on its memory).
+#: Distinct answer texts whose verdict :meth:`OutputValidator.parse` remembers, and the longest
+#: text it remembers: short answers (labels, scores) repeat; long ones rarely do, and 20,000 answers
+#: of 100 KB would hold 2 GB. Together they bound the memo to ~10 MB per chunk.
 MEMO_SIZE = 20_000
+MEMO_MAX_CHARS = 512
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "string": pa.string(),
@@ -61,10 +64,11 @@ class OutputValidator:
 
         The same answer text gets the same verdict: a classifier's answers repeat (a few labels, a
         confidence with two decimals), so each distinct text is validated once, up to
-        :data:`MEMO_SIZE` of them — validating is most of what merging structured output costs.
+        :data:`MEMO_SIZE` texts of up to :data:`MEMO_MAX_CHARS` characters — validating is most of
+        what merging structured output costs.
         The values dict is shared between rows with the same answer: callers only read it.
         """
-        if not isinstance(answer, str):
+        if not isinstance(answer, str) or len(answer) > MEMO_MAX_CHARS:
             return self._parse(answer)
         verdict = self._memo.get(answer)
         if verdict is None:

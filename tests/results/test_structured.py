@@ -75,8 +75,8 @@ def test_join_writes_parsed_columns_and_invalid_output_rows():
 
 
 def test_repeated_answers_get_the_same_verdict_and_the_memo_stays_bounded(monkeypatch):
-    """Each distinct answer text is validated once and remembered, up to MEMO_SIZE texts; past
-    that, answers are still validated (correctly), just not remembered."""
+    """Each distinct answer text is validated once and remembered, up to MEMO_SIZE texts of up to
+    MEMO_MAX_CHARS; past either, answers are still validated (correctly), just not remembered."""
     from airflow_batch_provider.results import structured
 
     monkeypatch.setattr(structured, "MEMO_SIZE", 3)
@@ -90,3 +90,6 @@ def test_repeated_answers_get_the_same_verdict_and_the_memo_stays_bounded(monkey
     assert [error is None for _, error in first] == [True] * 5 + [False]
     assert [values["confidence"] for values, _ in first[:5]] == [0.1, 0.2, 0.3, 0.4, 0.5]
     assert len(validator._memo) == 3
+    long_answer = '{"label": "toys", "confidence": 0.5, "tags": ["%s"]}' % ("x" * structured.MEMO_MAX_CHARS)
+    validator._memo.clear()
+    assert validator.parse(long_answer)[1] is None and not validator._memo  # validated, not remembered
