@@ -45,6 +45,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.dag_overhead import start_emulator
 from benchmarks.data import BENCH_DIR, REPO
 
 ANCHOR_DIR = REPO / ".demo" / "anchor"
@@ -105,26 +106,6 @@ def _say(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def _start_emulator(run_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port_file = run_dir / "emulator.port"
-    port_file.unlink(missing_ok=True)
-    cmd = [
-        sys.executable, "-m", "airflow_batch_provider.emulator", "--host", "127.0.0.1", "--port", "0",
-        "--port-file", str(port_file), "--latency", LATENCY, "--quiet",
-    ]  # fmt: skip
-    with (run_dir / "emulator.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if port_file.exists() and port_file.read_text().strip():
-            return proc, int(port_file.read_text())
-        if proc.poll() is not None:
-            raise RuntimeError(f"the emulator exited early; see {run_dir / 'emulator.log'}")
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGTERM)
-    raise RuntimeError("the emulator did not start within 60 s")
-
-
 def _requests_sent(port: int) -> int:
     """Sum the request lines of every batch the emulator received (OpenAI's list endpoint, paged)."""
     total, after = 0, None
@@ -166,7 +147,7 @@ def run_one(side: str, rows: int, table: str, airflow: Path, chunk_size: int = P
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     dags = _dag_folder(run_dir) if side == "project" else REPO / "benchmarks" / "anchor_dags"
-    emulator, port = _start_emulator(run_dir)
+    emulator, port = start_emulator(os.environ.copy(), run_dir, "--latency", LATENCY)
     try:
         env = _env(home, dags, port)
         env["AIRFLOW_BATCH_WORK_DIR"] = str(work / "jobs")

@@ -235,18 +235,16 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def _start_emulator(env: dict[str, str], run_dir: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_emulator(env: dict[str, str], run_dir: Path, *args: str) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the emulator on a free port of 127.0.0.1 with ``args``, logging to ``run_dir``; return it and its port."""
     port_file = run_dir / "emulator.port"
     port_file.unlink(missing_ok=True)
     cmd = [
         sys.executable, "-m", "airflow_batch_provider.emulator", "--host", "127.0.0.1", "--port", "0",
-        "--port-file", str(port_file), "--latency", "0.05", "--quiet",
-        # Held until the 2nd status retrieve: the sensor's check in execute sees it in progress and
-        # defers, its trigger's first poll sees it ended, so every wait defers once (module docstring).
-        "--polls-before-done", "2",
+        "--port-file", str(port_file), "--quiet", *args,
     ]  # fmt: skip
     with (run_dir / "emulator.log").open("wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if port_file.exists() and port_file.read_text().strip():
@@ -279,7 +277,9 @@ def run_dag(rows: int, chunk_size: int = 10_000) -> dict[str, Any]:
     subprocess.run(
         [airflow, "db", "migrate"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    emulator, port = _start_emulator(env, run_dir)
+    # Held until the 2nd status retrieve: the sensor's check in execute sees it in progress and
+    # defers, its trigger's first poll sees it ended, so every wait defers once (module docstring).
+    emulator, port = start_emulator(env, run_dir, "--latency", "0.05", "--polls-before-done", "2")
     log_path = run_dir / "dags-test.log"
     try:
         env["AIRFLOW_CONN_OPENAI_BATCH_DEFAULT"] = json.dumps(
