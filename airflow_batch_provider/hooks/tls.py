@@ -9,7 +9,7 @@ context, built by the SDKs' transport library exactly as it builds its default (
 store; ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` honoured). An ``ssl.SSLContext`` is safe to share
 between clients and threads; each client keeps its own connection pool.
 
-A connection that passes its own ``http_client`` (OpenAI's ``openai_client_kwargs`` extra) keeps it.
+Client arguments that already carry an ``http_client`` (a subclass building its own) keep it.
 """
 
 from __future__ import annotations

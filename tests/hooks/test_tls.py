@@ -44,7 +44,7 @@ def test_sync_and_async_clients_of_every_hook_share_one_context(connections):
     assert clients[0].timeout == OpenAIBatchHook().timeout and clients[0].max_retries == OpenAIBatchHook().max_retries
 
 
-def test_a_client_the_connection_passes_is_kept():
+def test_a_client_already_in_the_arguments_is_kept():
     own = openai.DefaultHttpxClient()
     kwargs = with_shared_tls(openai, {"api_key": "k", "http_client": own}, asynchronous=False)
     assert kwargs["http_client"] is own
