@@ -9,10 +9,10 @@ MAX_COST_USD ?=
 
 .PHONY: venv demo demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis browser-deps
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml emulator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e ./emulator -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed
