@@ -24,11 +24,11 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.emulator.bedrock_records import model_family, parse_input, run_record
-from airflow_batch_provider.emulator.faults import Faults
-from airflow_batch_provider.emulator.store import Store
+from airflow_batch_emulator.bedrock_records import model_family, parse_input, run_record
+from airflow_batch_emulator.faults import Faults
+from airflow_batch_emulator.store import Store
 
-log = logging.getLogger("airflow_batch_provider.emulator")
+log = logging.getLogger("airflow_batch_emulator")
 
 TERMINAL = frozenset({"Completed", "PartiallyCompleted", "Failed", "Stopped", "Expired"})
 MAX_RECORDS = 50_000

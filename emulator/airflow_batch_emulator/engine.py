@@ -11,12 +11,12 @@ import logging
 import threading
 import time
 
-from airflow_batch_provider.emulator.anthropic_batch import AnthropicRunner
-from airflow_batch_provider.emulator.openai_batch import OpenAIRunner
-from airflow_batch_provider.emulator.records import OPENAI_ACTIVE, AnthropicBatch, OpenAIBatch
-from airflow_batch_provider.emulator.store import Store
+from airflow_batch_emulator.anthropic_batch import AnthropicRunner
+from airflow_batch_emulator.openai_batch import OpenAIRunner
+from airflow_batch_emulator.records import OPENAI_ACTIVE, AnthropicBatch, OpenAIBatch
+from airflow_batch_emulator.store import Store
 
-log = logging.getLogger("airflow_batch_provider.emulator")
+log = logging.getLogger("airflow_batch_emulator")
 
 MAX_SLEEP = 0.25
 

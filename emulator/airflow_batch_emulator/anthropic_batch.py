@@ -17,11 +17,11 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.emulator.faults import Faults, cut_short, line_fate
-from airflow_batch_provider.emulator.records import AnthropicBatch
-from airflow_batch_provider.emulator.schema import schema_instance
-from airflow_batch_provider.emulator.store import Store
-from airflow_batch_provider.emulator.synth import (
+from airflow_batch_emulator.faults import Faults, cut_short, line_fate
+from airflow_batch_emulator.records import AnthropicBatch
+from airflow_batch_emulator.schema import schema_instance
+from airflow_batch_emulator.store import Store
+from airflow_batch_emulator.synth import (
     ParamError,
     answer_text,
     content_text,

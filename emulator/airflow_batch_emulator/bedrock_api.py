@@ -28,12 +28,12 @@ from urllib.parse import unquote
 
 import orjson
 
-from airflow_batch_provider.emulator.bedrock_jobs import BedrockJob, BedrockRunner, split_s3_uri
-from airflow_batch_provider.emulator.bedrock_records import model_family, model_output
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.store import Store
-from airflow_batch_provider.emulator.synth import ParamError
-from airflow_batch_provider.emulator.wire import ApiError, Request, Response, json_response
+from airflow_batch_emulator.bedrock_jobs import BedrockJob, BedrockRunner, split_s3_uri
+from airflow_batch_emulator.bedrock_records import model_family, model_output
+from airflow_batch_emulator.config import EmulatorConfig
+from airflow_batch_emulator.store import Store
+from airflow_batch_emulator.synth import ParamError
+from airflow_batch_emulator.wire import ApiError, Request, Response, json_response
 
 Handler = Callable[[Request], Response]
 

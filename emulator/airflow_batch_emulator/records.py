@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from airflow_batch_provider.emulator.faults import Faults
+from airflow_batch_emulator.faults import Faults
 
-log = logging.getLogger("airflow_batch_provider.emulator")
+log = logging.getLogger("airflow_batch_emulator")
 
 DAY = 24 * 3600
 OPENAI_ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")

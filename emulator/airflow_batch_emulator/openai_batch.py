@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.emulator.faults import Faults, cut_short, line_fate
-from airflow_batch_provider.emulator.records import OpenAIBatch
-from airflow_batch_provider.emulator.store import Store
-from airflow_batch_provider.emulator.synth import (
+from airflow_batch_emulator.faults import Faults, cut_short, line_fate
+from airflow_batch_emulator.records import OpenAIBatch
+from airflow_batch_emulator.store import Store
+from airflow_batch_emulator.synth import (
     OPENAI_BUILDERS,
     ParamError,
     cut_openai_answer,

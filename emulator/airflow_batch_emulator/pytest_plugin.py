@@ -1,4 +1,4 @@
-"""pytest fixtures for the batch emulator (registered through the package's ``pytest11`` entry point).
+"""pytest fixtures for the batch emulator, opt-in: ``pytest_plugins = ["airflow_batch_emulator.pytest_plugin"]``.
 
 - ``batch_emulator_server`` (session): one emulator, latency 0.05 s, on a free loopback port.
 - ``batch_emulator`` (function): the same emulator after ``reset()`` (no files, batches,
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.emulator.server import BatchEmulator
+    from airflow_batch_emulator.server import BatchEmulator
 
 EMULATOR_API_KEY = "emulator-key"
 
@@ -64,8 +64,8 @@ def bedrock_connection(emulator: BatchEmulator, bucket: str) -> dict[str, object
 @pytest.fixture(scope="session")
 def batch_emulator_server() -> Iterator[BatchEmulator]:
     """Start one emulator for the whole session (latency 0.05 s, free port) and stop it at the end."""
-    from airflow_batch_provider.emulator.config import EmulatorConfig
-    from airflow_batch_provider.emulator.server import BatchEmulator
+    from airflow_batch_emulator.config import EmulatorConfig
+    from airflow_batch_emulator.server import BatchEmulator
 
     emulator = BatchEmulator(EmulatorConfig(latency=0.05)).start()
     try:

@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.emulator.config import EmulatorConfig
-    from airflow_batch_provider.emulator.faults import Faults
-    from airflow_batch_provider.emulator.server import BatchEmulator
+    from airflow_batch_emulator.config import EmulatorConfig
+    from airflow_batch_emulator.faults import Faults
+    from airflow_batch_emulator.server import BatchEmulator
 
 __all__ = ["BatchEmulator", "EmulatorConfig", "Faults"]
 
 _HOMES = {
-    "BatchEmulator": "airflow_batch_provider.emulator.server",
-    "EmulatorConfig": "airflow_batch_provider.emulator.config",
-    "Faults": "airflow_batch_provider.emulator.faults",
+    "BatchEmulator": "airflow_batch_emulator.server",
+    "EmulatorConfig": "airflow_batch_emulator.config",
+    "Faults": "airflow_batch_emulator.faults",
 }
 
 

@@ -8,7 +8,7 @@ and deterministic (a hash of model + messages), so runs are reproducible. No Air
 
 Start it::
 
-    python -m airflow_batch_provider.emulator --port 0 --port-file /tmp/emu.port --latency 0.2
+    python -m airflow_batch_emulator --port 0 --port-file /tmp/emu.port --latency 0.2
 
 then point the SDKs at it: ``openai.OpenAI(api_key="x", base_url="http://127.0.0.1:PORT/v1")``
 and ``anthropic.Anthropic(api_key="x", base_url="http://127.0.0.1:PORT")``. Any non-empty
@@ -107,9 +107,9 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.faults import DEFAULT_VALIDATION_CODE, Faults
-from airflow_batch_provider.emulator.server import BatchEmulator
+from airflow_batch_emulator.config import EmulatorConfig
+from airflow_batch_emulator.faults import DEFAULT_VALIDATION_CODE, Faults
+from airflow_batch_emulator.server import BatchEmulator
 
 
 def _add_scheduling_args(parser: argparse.ArgumentParser) -> None:
@@ -128,7 +128,7 @@ def _add_scheduling_args(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """Return the CLI argument parser."""
     parser = argparse.ArgumentParser(
-        prog="python -m airflow_batch_provider.emulator",
+        prog="python -m airflow_batch_emulator",
         description="Local emulator of the OpenAI Batch, Anthropic Message Batches and Amazon Bedrock batch APIs.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             pass
     finally:
         emulator.stop()
-        logging.getLogger("airflow_batch_provider.emulator").info("batch emulator stopped")
+        logging.getLogger("airflow_batch_emulator").info("batch emulator stopped")
     return 0
 
 

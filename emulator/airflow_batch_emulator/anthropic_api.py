@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_batch_provider.emulator.anthropic_batch import AnthropicRunner, message
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.records import AnthropicBatch
-from airflow_batch_provider.emulator.store import Store
-from airflow_batch_provider.emulator.synth import ParamError, unique_id
-from airflow_batch_provider.emulator.wire import (
+from airflow_batch_emulator.anthropic_batch import AnthropicRunner, message
+from airflow_batch_emulator.config import EmulatorConfig
+from airflow_batch_emulator.records import AnthropicBatch
+from airflow_batch_emulator.store import Store
+from airflow_batch_emulator.synth import ParamError, unique_id
+from airflow_batch_emulator.wire import (
     AnthropicError,
     Request,
     Response,
@@ -21,7 +21,7 @@ from airflow_batch_provider.emulator.wire import (
     json_response,
 )
 
-log = logging.getLogger("airflow_batch_provider.emulator")
+log = logging.getLogger("airflow_batch_emulator")
 
 Handler = Callable[[Request], Response]
 

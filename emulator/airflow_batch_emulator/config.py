@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from airflow_batch_provider.emulator.faults import Faults
+from airflow_batch_emulator.faults import Faults
 
 MB = 1024 * 1024
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.emulator.schema import WORDS, schema_instance
+from airflow_batch_emulator.schema import WORDS, schema_instance
 
 _LABELS = re.compile(r"(?:\blabels?|\bcategories|\bclasses|\bone of)\s*:[ \t]*([^\n]+)", re.IGNORECASE)
 DEFAULT_DIMENSIONS = 16

@@ -18,10 +18,10 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.emulator.anthropic_batch import message as anthropic_message
-from airflow_batch_provider.emulator.faults import Faults, line_fate
-from airflow_batch_provider.emulator.schema import schema_instance
-from airflow_batch_provider.emulator.synth import (
+from airflow_batch_emulator.anthropic_batch import message as anthropic_message
+from airflow_batch_emulator.faults import Faults, line_fate
+from airflow_batch_emulator.schema import schema_instance
+from airflow_batch_emulator.synth import (
     ParamError,
     answer_text,
     content_text,

@@ -24,18 +24,18 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from airflow_batch_provider.emulator.anthropic_api import AnthropicApi
-from airflow_batch_provider.emulator.anthropic_batch import AnthropicRunner
-from airflow_batch_provider.emulator.bedrock_api import BedrockApi, bedrock_error, is_bedrock_path
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.engine import Engine
-from airflow_batch_provider.emulator.faults import Faults
-from airflow_batch_provider.emulator.openai_api import OpenAIApi
-from airflow_batch_provider.emulator.openai_batch import OpenAIRunner
-from airflow_batch_provider.emulator.scheduling import RealtimeScheduler
-from airflow_batch_provider.emulator.store import Store
-from airflow_batch_provider.emulator.transport import Handler, HttpServer
-from airflow_batch_provider.emulator.wire import (
+from airflow_batch_emulator.anthropic_api import AnthropicApi
+from airflow_batch_emulator.anthropic_batch import AnthropicRunner
+from airflow_batch_emulator.bedrock_api import BedrockApi, bedrock_error, is_bedrock_path
+from airflow_batch_emulator.config import EmulatorConfig
+from airflow_batch_emulator.engine import Engine
+from airflow_batch_emulator.faults import Faults
+from airflow_batch_emulator.openai_api import OpenAIApi
+from airflow_batch_emulator.openai_batch import OpenAIRunner
+from airflow_batch_emulator.scheduling import RealtimeScheduler
+from airflow_batch_emulator.store import Store
+from airflow_batch_emulator.transport import Handler, HttpServer
+from airflow_batch_emulator.wire import (
     ApiError,
     ErrorFactory,
     Request,
@@ -45,7 +45,7 @@ from airflow_batch_provider.emulator.wire import (
     openai_error,
 )
 
-log = logging.getLogger("airflow_batch_provider.emulator")
+log = logging.getLogger("airflow_batch_emulator")
 
 _Route = tuple[str, "re.Pattern[str]", Any]
 

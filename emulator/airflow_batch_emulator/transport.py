@@ -1,7 +1,7 @@
 """The emulator's HTTP transport: a stdlib ``ThreadingHTTPServer`` with HTTP/1.1 keep-alive.
 
 Each request is read completely (Content-Length or chunked) and handed to
-:meth:`~airflow_batch_provider.emulator.server.BatchEmulator.dispatch`; answers go out with an
+:meth:`~airflow_batch_emulator.server.BatchEmulator.dispatch`; answers go out with an
 exact ``Content-Length``, large bodies in 1 MiB pieces. The server keeps its open connections so
 that stopping the emulator can close them.
 """
@@ -18,12 +18,12 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from airflow_batch_provider.emulator.wire import Response, request_id
+from airflow_batch_emulator.wire import Response, request_id
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.emulator.server import BatchEmulator
+    from airflow_batch_emulator.server import BatchEmulator
 
-log = logging.getLogger("airflow_batch_provider.emulator")
+log = logging.getLogger("airflow_batch_emulator")
 
 PIECE = 1024 * 1024
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.emulator.faults import Faults, HttpDice
-from airflow_batch_provider.emulator.records import AnthropicBatch, OpenAIBatch, StoredFile
-from airflow_batch_provider.emulator.scheduling import RealtimeScheduler
+from airflow_batch_emulator.faults import Faults, HttpDice
+from airflow_batch_emulator.records import AnthropicBatch, OpenAIBatch, StoredFile
+from airflow_batch_emulator.scheduling import RealtimeScheduler
 
 _SECTIONS = ("openai", "anthropic", "bedrock", "realtime", "http")
 

@@ -7,13 +7,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.openai_batch import OpenAIRunner
-from airflow_batch_provider.emulator.records import OpenAIBatch, StoredFile
-from airflow_batch_provider.emulator.scheduling import request_priority
-from airflow_batch_provider.emulator.store import Store
-from airflow_batch_provider.emulator.synth import OPENAI_BUILDERS, ParamError, unique_id
-from airflow_batch_provider.emulator.wire import (
+from airflow_batch_emulator.config import EmulatorConfig
+from airflow_batch_emulator.openai_batch import OpenAIRunner
+from airflow_batch_emulator.records import OpenAIBatch, StoredFile
+from airflow_batch_emulator.scheduling import request_priority
+from airflow_batch_emulator.store import Store
+from airflow_batch_emulator.synth import OPENAI_BUILDERS, ParamError, unique_id
+from airflow_batch_emulator.wire import (
     OpenAIError,
     Request,
     Response,
@@ -21,7 +21,7 @@ from airflow_batch_provider.emulator.wire import (
     openai_error,
 )
 
-log = logging.getLogger("airflow_batch_provider.emulator")
+log = logging.getLogger("airflow_batch_emulator")
 
 Handler = Callable[[Request], Response]
 
