@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from airflow_batch_provider.backends.anthropic.hook import AnthropicBatchHook
+from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.batches.line_retry import cancelled_by_us
 from airflow_batch_provider.emulator.faults import Faults, line_fate
 from airflow_batch_provider.exceptions import (
@@ -30,8 +32,6 @@ from airflow_batch_provider.exceptions import (
     BatchTimeoutError,
     TooManyFailuresError,
 )
-from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
-from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import CHECKPOINT_KEY, BatchCompleteSensor

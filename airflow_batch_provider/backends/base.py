@@ -8,9 +8,11 @@ result-line parsing, prices and token-counting rules, the console link, the Airf
 type and the :class:`~airflow_batch_provider.hooks.base.BatchHook` that talks to the API (which
 maps the provider's batch statuses to :class:`~airflow_batch_provider.status.BatchStatus`).
 
-A backend's class is loaded for every cost estimate and for ``get_provider_info``, so its module
-must stay import-light: the SDK, the renderer and the hook are imported by the methods that
-need them (:meth:`Backend.renderer`, :meth:`Backend.hook_class`), never at module level.
+A backend's class is loaded for every cost estimate and by ``get_provider_info``, which Airflow
+calls while it is still loading its configuration, so the module a backend registers must stay
+import-light: nothing that imports Airflow (the package's ``exceptions`` do) and no SDK at module
+level. The SDK, the renderer, the hook and the exceptions are imported by the methods that need
+them (:meth:`Backend.renderer`, :meth:`Backend.hook_class`, ``check_params``).
 """
 
 from __future__ import annotations
@@ -56,8 +58,8 @@ class Backend(ABC):
     the entry point's name), ``title``, ``limits``, ``endpoints`` (the first is the default),
     ``hook_class_path`` (``"module:Class"``), ``connection_type``. Optional ones: ``model_prefixes``
     (to guess a model's backend), ``prices`` (model → USD per 1M input and output tokens at
-    real-time list prices), ``batch_discount``, ``prices_source``, ``console_hosts`` and
-    ``console_template``.
+    real-time list prices), ``batch_discount``, ``prices_source``, ``console_hosts``,
+    ``console_template`` and ``chat_format_tokens``.
     """
 
     name: ClassVar[str]
@@ -73,6 +75,8 @@ class Backend(ABC):
     #: API hosts whose batches the provider's console shows, and the URL of one batch there.
     console_hosts: ClassVar[tuple[str, ...]] = ()
     console_template: ClassVar[str | None] = None
+    #: Tokens a chat request's format adds: per message, and to prime the reply (OpenAI's by default).
+    chat_format_tokens: ClassVar[tuple[int, int]] = (4, 3)
 
     # -- chunk time: requests ----------------------------------------------------------------------
     @property

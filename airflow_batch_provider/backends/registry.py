@@ -18,7 +18,6 @@ import importlib
 from importlib.metadata import entry_points
 
 from airflow_batch_provider.backends.base import Backend
-from airflow_batch_provider.exceptions import InvalidInputError
 
 ENTRY_POINT_GROUP = "airflow_batch_provider.backends"
 
@@ -50,6 +49,8 @@ def get_backend(name: str) -> Backend:
     """Return the backend registered as ``name``, importing its module now; raise for an unknown name."""
     target = _targets().get(name) if isinstance(name, str) else None
     if target is None:
+        from airflow_batch_provider.exceptions import InvalidInputError  # it imports Airflow: see .base
+
         raise InvalidInputError(
             f"Unknown provider {name!r}; choose one of {backend_names()} "
             f"(a new one registers in the {ENTRY_POINT_GROUP!r} entry-point group: see docs/backends.md)."
@@ -68,9 +69,10 @@ def find_backend(name: str) -> Backend | None:
     return get_backend(name) if isinstance(name, str) and name in _targets() else None
 
 
-def all_backends() -> list[Backend]:
-    """Return every registered backend (imports each backend's module, no SDK)."""
-    return [get_backend(name) for name in backend_names()]
+@functools.cache
+def all_backends() -> tuple[Backend, ...]:
+    """Return every registered backend, by name (imports each backend's module, no SDK)."""
+    return tuple(get_backend(name) for name in backend_names())
 
 
 def backend_for_model(model: str) -> Backend | None:
@@ -82,3 +84,4 @@ def forget_backends() -> None:
     """Drop what was loaded, so the entry points are read again (after installing a backend at run time)."""
     _targets.cache_clear()
     get_backend.cache_clear()
+    all_backends.cache_clear()

@@ -18,8 +18,9 @@ import httpx2
 import openai
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_batch_provider.backends.openai import OPENAI_LIMITS
 from airflow_batch_provider.batches.token_budget import tokens_from_metadata
-from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook

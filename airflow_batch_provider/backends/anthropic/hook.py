@@ -23,13 +23,14 @@ import httpx2
 import orjson
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_batch_provider.chunking.limits import ANTHROPIC_LIMITS, ProviderLimits
+from airflow_batch_provider.backends.anthropic import ANTHROPIC_LIMITS
+from airflow_batch_provider.backends.anthropic.results import parse_anthropic_result
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.tls import with_shared_tls
 from airflow_batch_provider.links import console_url
-from airflow_batch_provider.results.parse import parse_anthropic_result
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import (
