@@ -16,6 +16,9 @@ shorter than OpenAI's), and 2.7 for the Claude 5 generation, whose new tokenizer
 give ~30% more tokens for the same text. Text in scripts other than Latin runs longer than that:
 treat the approximation as ±25% for English and an undercount for CJK text.
 
+The rules are the backends' (:meth:`~airflow_batch_provider.backends.base.Backend.token_rules`,
+``countable_request`` and ``chat_format_tokens``); the figures above are the built-ins'.
+
 **Overhead.** Plain strings are counted as they are. A chat request adds what OpenAI's chat
 format adds: 4 tokens per message (3 + the role) and 3 to prime the reply; a Claude request adds
 3 per message. ``tools`` and ``response_format`` schemas are counted as their JSON text (the
