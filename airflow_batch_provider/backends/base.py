@@ -44,11 +44,18 @@ class TokenRules:
 
 @dataclass(frozen=True)
 class CountableRequest:
-    """The body of one batch request line, and what its chat format adds per message."""
+    """The body of one batch request line, and what its chat format adds per message.
 
-    body: Mapping[str, Any]  # holds ``messages``, ``input`` or ``prompt`` (and ``max_tokens`` when set)
-    tokens_per_message: int
-    reply_priming: int
+    ``body`` holds ``messages``, ``input`` or ``prompt`` (a text or a list of texts) and
+    ``max_tokens`` when the request caps its answer; a format that is none of these is rewritten
+    into one of them by the backend. ``typical_answer``, when given, is an answer the request's
+    response schema allows (else it is worked out from ``response_format`` / ``tools`` in the body).
+    """
+
+    body: Mapping[str, Any]
+    tokens_per_message: int = 0
+    reply_priming: int = 0
+    typical_answer: str | None = None
 
 
 class Backend(ABC):

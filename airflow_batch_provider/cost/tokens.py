@@ -40,7 +40,7 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -169,13 +169,16 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
             fmt = MESSAGES_FORMAT_TOKENS if "system" in data else None
             fmt = fmt or (backend.chat_format_tokens if backend is not None else CHAT_FORMAT_TOKENS)
             counted = CountableRequest(data, *fmt)
-        return _chat_parts(data, counted, max_output)
+        parts = _chat_parts(data, counted, max_output)
+        return parts if counted.typical_answer is None else replace(parts, typical_answer=counted.typical_answer)
     if "input" in data:  # embeddings: no output
         overhead += _add_content(data["input"], pieces)
         return RequestParts(tuple(pieces), overhead, 0, produces_output=False)
     if "prompt" in data:
         overhead += _add_content(data["prompt"], pieces)
-        return RequestParts(tuple(pieces), overhead, max_output)
+        return RequestParts(
+            tuple(pieces), overhead, max_output, typical_answer=counted.typical_answer if counted else None
+        )
     raise InvalidInputError(
         "Cannot find the text of a request: expected 'messages', 'input' or 'prompt' in its body, "
         f"got keys {sorted(data)}."

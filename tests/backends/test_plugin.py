@@ -25,7 +25,7 @@ from airflow_batch_provider.backends.registry import (
 from airflow_batch_provider.chunking.requests import renderer_for
 from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.cost.pricing import default_pricing
-from airflow_batch_provider.cost.tokens import TokenCounter, provider_of
+from airflow_batch_provider.cost.tokens import TokenCounter, count_request_tokens, provider_of
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.get_provider_info import get_provider_info
 from airflow_batch_provider.hooks.registry import hook_class_for
@@ -33,7 +33,7 @@ from airflow_batch_provider.links import console_url
 
 TOY_BACKEND = '''
 """A toy backend: {custom_id, prompt} lines; 10 requests a batch."""
-from airflow_batch_provider.backends.base import Backend, TokenRules
+from airflow_batch_provider.backends.base import Backend, CountableRequest, TokenRules
 from airflow_batch_provider.chunking.limits import ProviderLimits
 
 
@@ -67,6 +67,12 @@ class ToyBackend(Backend):
 
     def token_rules(self, model):
         return TokenRules(chars_per_token=2.0)
+
+    def countable_request(self, line):
+        ask = line.get("ask")
+        if not isinstance(ask, dict):
+            return None
+        return CountableRequest({"prompt": [ask["text"]], "max_tokens": ask["limit"]}, typical_answer="yes")
 '''
 
 TOY_RENDERER = """
@@ -77,7 +83,7 @@ class ToyRenderer(RequestRenderer):
     provider = "toy"
 
     def request_dict(self, custom_id, text):
-        return {"custom_id": custom_id, "model": self.spec.model, "prompt": text}
+        return {"custom_id": custom_id, "model": self.spec.model, "ask": {"text": text, "limit": 8}}
 """
 
 TOY_HOOK = """
@@ -150,7 +156,10 @@ def test_an_outside_backend_serves_every_stage_without_touching_the_pipeline():
     with pytest.raises(InvalidInputError, match="Toy models take no temperature"):
         RequestSpec(provider="toy", model="toy-1", params={"temperature": 0.5})
     renderer = renderer_for(spec)
-    assert renderer.request_dict("r1", "hi") == {"custom_id": "r1", "model": "toy-1", "prompt": "hi"}
+    line = renderer.request_dict("r1", "hello!")
+    assert line == {"custom_id": "r1", "model": "toy-1", "ask": {"text": "hello!", "limit": 8}}
+    tally = count_request_tokens([line], "toy-1")  # the backend's line format, its 2 chars a token
+    assert (tally.input_tokens, tally.output_tokens, tally.expected_output_tokens) == (3, 8, 2)
     # Not imported until a hook is asked for: choosing a backend imports no SDK.
     assert "toy_backend.hook" not in sys.modules
     assert hook_class_for("toy").__module__ == "toy_backend.hook"
