@@ -21,7 +21,7 @@ import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from urllib.parse import urlsplit
 
 from airflow_batch_provider.chunking.limits import ProviderLimits
@@ -42,8 +42,7 @@ class TokenRules:
     encoding: str | None = None
 
 
-@dataclass(frozen=True)
-class CountableRequest:
+class CountableRequest(NamedTuple):  # a NamedTuple: built once per request line of every cost estimate
     """The body of one batch request line, and what its chat format adds per message.
 
     ``body`` holds ``messages``, ``input`` or ``prompt`` (a text or a list of texts) and
