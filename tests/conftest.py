@@ -53,7 +53,7 @@ def anthropic_conn(batch_emulator, monkeypatch):
 @pytest.fixture
 def anthropic_hook(anthropic_conn):
     """An AnthropicBatchHook on the emulator with fast retries."""
-    from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
+    from airflow_batch_provider.backends.anthropic.hook import AnthropicBatchHook
     from airflow_batch_provider.utils.retry import RetryPolicy
 
     return AnthropicBatchHook(retry_policy=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05))
@@ -62,7 +62,7 @@ def anthropic_hook(anthropic_conn):
 @pytest.fixture
 def openai_hook(openai_conn):
     """An OpenAIBatchHook on the emulator with fast retries."""
-    from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
+    from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
     from airflow_batch_provider.utils.retry import RetryPolicy
 
     return OpenAIBatchHook(retry_policy=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05))

@@ -23,6 +23,8 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_batch_emulator.faults import Faults, line_fate
+from airflow_batch_provider.backends.anthropic.hook import AnthropicBatchHook
+from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.batches.line_retry import cancelled_by_us
 from airflow_batch_provider.exceptions import (
     BatchCancelledError,
@@ -30,8 +32,6 @@ from airflow_batch_provider.exceptions import (
     BatchTimeoutError,
     TooManyFailuresError,
 )
-from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
-from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import CHECKPOINT_KEY, BatchCompleteSensor

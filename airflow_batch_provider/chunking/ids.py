@@ -1,7 +1,8 @@
 """Custom ids of a table's rows: from an id column or a hash of the row, checked and de-duplicated.
 
-Anthropic accepts only ``[a-zA-Z0-9_-]{1,64}``: other user ids are rewritten to a stable
-``h-<sha256>`` (:func:`derive_custom_id`). Duplicates are found with 8 bytes a row (see
+A backend's ``limits.custom_id_pattern`` says which ids it accepts (Anthropic:
+``[a-zA-Z0-9_-]{1,64}``): other user ids are rewritten to a stable ``h-<sha256>``
+(:func:`derive_custom_id`; ``h<sha256>`` where the pattern allows no dash). Duplicates are found with 8 bytes a row (see
 :func:`report_duplicates`).
 """
 

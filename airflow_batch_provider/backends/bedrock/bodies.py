@@ -10,7 +10,7 @@ once per job, not per record), so the body depends on the model family:
   ``[{"text": ...}]``, sampling in ``inferenceConfig``; structured output is a forced tool through
   ``toolConfig``.
 
-The renderer (:class:`~airflow_batch_provider.chunking.requests.BedrockRenderer`) writes
+The renderer (:class:`~airflow_batch_provider.backends.bedrock.requests.BedrockRenderer`) writes
 ``{custom_id, modelInput}`` lines from these bodies; this module imports nothing of it.
 Chunk files keep ``custom_id`` as the first key, like the other providers' files, so line
 retries, incremental runs and token estimates read them the same way; the hook renames it to

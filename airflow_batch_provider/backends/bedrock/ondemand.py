@@ -17,8 +17,8 @@ from typing import Any
 
 import orjson
 
+from airflow_batch_provider.backends.bedrock.common import split_s3_uri
 from airflow_batch_provider.descriptors import ChunkDescriptor
-from airflow_batch_provider.hooks.bedrock_common import split_s3_uri
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.utils.retry import retry_after_seconds
 from airflow_batch_provider.utils.storage import to_path

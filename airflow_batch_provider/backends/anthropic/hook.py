@@ -12,7 +12,6 @@ adopts a batch only when exactly one matches (see SubmitBatchOperator).
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
@@ -23,15 +22,15 @@ import httpx2
 import orjson
 from airflow.sdk.exceptions import AirflowNotFoundException
 
-from airflow_batch_provider.chunking.limits import ANTHROPIC_LIMITS, ProviderLimits
+from airflow_batch_provider.backends.anthropic import ANTHROPIC_LIMITS
+from airflow_batch_provider.backends.anthropic.results import parse_anthropic_result
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import BatchHook
-from airflow_batch_provider.hooks.tls import with_shared_tls
+from airflow_batch_provider.hooks.sdk_clients import anew_client, connection_client_kwargs, new_client
 from airflow_batch_provider.links import console_url
-from airflow_batch_provider.results.parse import parse_anthropic_result
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import (
     RetryPolicy,
     acall_with_retries,
@@ -139,23 +138,17 @@ class AnthropicBatchHook(BatchHook):
         self._async_client: anthropic.AsyncAnthropic | None = None
 
     def _client_kwargs(self, conn: Any) -> dict[str, Any]:
-        quiet_transport_logs()  # every client is built from these: no INFO line per poll
-        extra = conn.extra_dejson or {}
-        base_url = extra.get("base_url") or conn.host or None
-        if base_url and "://" not in base_url:
-            base_url = f"https://{base_url}"
-        api_key = conn.password or extra.get("api_key")
-        if not api_key:
+        kwargs = connection_client_kwargs(conn, max_retries=self.max_retries, timeout=self.timeout)
+        if not kwargs["api_key"]:
             raise anthropic.AnthropicError(
                 f"Connection {self.conn_id!r} has no API key: put it in the connection's password field."
             )
-        return {"api_key": api_key, "base_url": base_url, "max_retries": self.max_retries, "timeout": self.timeout}
+        return kwargs
 
     @cached_property
     def client(self) -> anthropic.Anthropic:
         """The synchronous SDK client, built once from the connection."""
-        kwargs = self._client_kwargs(self.get_connection(self.conn_id))
-        return anthropic.Anthropic(**with_shared_tls(anthropic, kwargs, asynchronous=False))
+        return new_client(anthropic.Anthropic, self._client_kwargs(self.get_connection(self.conn_id)))
 
     def get_conn(self) -> anthropic.Anthropic:
         """Return the synchronous SDK client."""
@@ -165,13 +158,7 @@ class AnthropicBatchHook(BatchHook):
         """Return the async SDK client (connection read without blocking the event loop)."""
         if self._async_client is None:
             conn = await self.aget_connection(self.conn_id)
-
-            # Building a client loads the TLS trust store (tens of ms): not on the triggerer's loop.
-            def build() -> anthropic.AsyncAnthropic:
-                kwargs = with_shared_tls(anthropic, self._client_kwargs(conn), asynchronous=True)
-                return anthropic.AsyncAnthropic(**kwargs)
-
-            self._async_client = await asyncio.to_thread(build)
+            self._async_client = await anew_client(anthropic.AsyncAnthropic, lambda: self._client_kwargs(conn))
         return self._async_client
 
     def _call(self, what: str, fn: Any) -> Any:

@@ -9,7 +9,6 @@ of the ``openai`` type made for Airflow's OpenAI provider works too (its
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -18,16 +17,16 @@ import httpx2
 import openai
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_batch_provider.backends.openai import OPENAI_LIMITS
 from airflow_batch_provider.batches.token_budget import tokens_from_metadata
-from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
-from airflow_batch_provider.hooks.tls import with_shared_tls
+from airflow_batch_provider.hooks.sdk_clients import anew_client, connection_client_kwargs, new_client
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
-from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import (
     RetryPolicy,
     acall_with_retries,
@@ -152,19 +151,14 @@ class OpenAIBatchHook(BatchHook):
 
     # -- clients ---------------------------------------------------------------------------------
     def _client_kwargs(self, conn: Any) -> dict[str, Any]:
-        quiet_transport_logs()  # every client is built from these: no INFO line per poll
         extra = conn.extra_dejson or {}
+        # A connection of Airflow's own ``openai`` type keeps client arguments in this extra.
         kwargs: dict[str, Any] = dict(extra.get("openai_client_kwargs") or {})
-        base_url = extra.get("base_url") or kwargs.pop("base_url", None) or conn.host or None
-        if base_url and "://" not in base_url:
-            base_url = f"https://{base_url}"
+        own_url = extra.get("base_url") or kwargs.pop("base_url", None)
         kwargs.update(
-            api_key=conn.password or extra.get("api_key") or None,
-            base_url=base_url,
+            connection_client_kwargs(conn, max_retries=self.max_retries, timeout=self.timeout, base_url=own_url),
             organization=extra.get("organization") or kwargs.get("organization"),
             project=extra.get("project") or kwargs.get("project"),
-            max_retries=self.max_retries,
-            timeout=self.timeout,
         )
         if not kwargs["api_key"]:
             raise openai.OpenAIError(
@@ -179,17 +173,13 @@ class OpenAIBatchHook(BatchHook):
     @cached_property
     def client(self) -> openai.OpenAI:
         """The synchronous SDK client, built once from the connection."""
-        kwargs = self._client_kwargs(self.get_connection(self.conn_id))
-        return openai.OpenAI(**with_shared_tls(openai, kwargs, asynchronous=False))
+        return new_client(openai.OpenAI, self._client_kwargs(self.get_connection(self.conn_id)))
 
     async def aget_client(self) -> openai.AsyncOpenAI:
         """Return the async SDK client (connection read without blocking the event loop)."""
         if self._async_client is None:
             conn = await self.aget_connection(self.conn_id)
-            # Building a client loads the TLS trust store (tens of ms): not on the triggerer's loop.
-            self._async_client = await asyncio.to_thread(
-                lambda: openai.AsyncOpenAI(**with_shared_tls(openai, self._client_kwargs(conn), asynchronous=True))
-            )
+            self._async_client = await anew_client(openai.AsyncOpenAI, lambda: self._client_kwargs(conn))
         return self._async_client
 
     def _call(self, what: str, fn: Any) -> Any:

@@ -29,12 +29,9 @@ from typing import Any, ClassVar, Literal
 
 import orjson
 
-from airflow_batch_provider.chunking.bedrock_bodies import to_record_line
-from airflow_batch_provider.chunking.limits import BEDROCK_LIMITS, ProviderLimits
-from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
-from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
-from airflow_batch_provider.hooks.bedrock_common import (
+from airflow_batch_provider.backends.bedrock import BEDROCK_LIMITS
+from airflow_batch_provider.backends.bedrock.bodies import to_record_line
+from airflow_batch_provider.backends.bedrock.common import (
     ON_DEMAND_PREFIX,
     BedrockSettings,
     job_name,
@@ -42,8 +39,12 @@ from airflow_batch_provider.hooks.bedrock_common import (
     split_s3_uri,
     state_from_job,
 )
-from airflow_batch_provider.hooks.bedrock_ondemand import classify_aws_error, on_demand_state, run_on_demand
-from airflow_batch_provider.results.parse import parse_bedrock_record
+from airflow_batch_provider.backends.bedrock.ondemand import classify_aws_error, on_demand_state, run_on_demand
+from airflow_batch_provider.backends.bedrock.results import parse_bedrock_record
+from airflow_batch_provider.chunking.limits import ProviderLimits
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
+from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.utils.retry import RetryPolicy, call_with_retries, iter_with_restarts
 from airflow_batch_provider.utils.storage import to_path

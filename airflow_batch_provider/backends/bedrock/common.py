@@ -1,6 +1,6 @@
 """Bedrock batch pieces the hook builds on: connection settings, the status map, job names, job states.
 
-Kept apart from :mod:`~airflow_batch_provider.hooks.bedrock_batch` so that each is small and so
+Kept apart from :mod:`~airflow_batch_provider.backends.bedrock.hook` so that each is small and so
 the status mapping (the one place that knows Bedrock's statuses) can be read on its own.
 """
 
