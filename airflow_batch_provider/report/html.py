@@ -43,7 +43,7 @@ def _seconds(value: float | None) -> str:
 
 
 def _card(label: str, value: str, test_id: str) -> str:
-    return f'<div class="card" data-testid="{test_id}"><b>{escape(value)}</b>{escape(label)}</div>'
+    return f'<div class="card" data-testid="{escape(test_id)}"><b>{escape(value)}</b>{escape(label)}</div>'
 
 
 def _header(report: RunReport) -> str:
