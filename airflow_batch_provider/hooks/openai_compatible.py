@@ -26,7 +26,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -127,9 +126,13 @@ class OpenAICompatibleHook(BaseHook):
         self.timeout = timeout
 
     # -- clients ---------------------------------------------------------------------------------
-    @cached_property
+    @property
     def client_kwargs(self) -> dict[str, Any]:
-        """SDK client arguments built from the connection (read once)."""
+        """SDK client arguments built from the connection, each time they are asked for.
+
+        Not cached on the hook: they hold the key and the header values, which must not outlive the
+        call in ``vars(hook)`` or a pickle of it (a hook travels with an operator or a trigger).
+        """
         quiet_transport_logs()  # every client is built from these: no INFO line per request
         conn = self.get_connection(self.conn_id)
         extra = conn.extra_dejson or {}
