@@ -52,7 +52,7 @@ from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.progress import progress_base, progress_record, publish_progress
+from airflow_batch_provider.progress import progress_base, progress_record, publish_attempt_errors, publish_progress
 from airflow_batch_provider.sensors.deferral import default_deferrable
 from airflow_batch_provider.sensors.errors import (
     cancelled_error,
@@ -298,6 +298,7 @@ class BatchCompleteSensor(BaseSensorOperator):
     def _follow_up(self, context: Context, state: BatchState, attempt: int, label: str) -> Finished | PollNext:
         """Send attempt ``attempt``'s retryable failed lines as attempt ``attempt + 1`` (or finish: none)."""
         scan, written = plan_followup(self.hook, self.batch, state, attempt)
+        publish_attempt_errors(context, state, attempt, scan)  # what failed, for the view, before the merge
         if scan.final_failures:
             self.log.info("%s: %d line(s) failed for good: %s",
                           label, scan.final_failed, top_failures(scan.final_failures))  # fmt: skip
