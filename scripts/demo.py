@@ -133,8 +133,8 @@ TASK_ERROR = re.compile(r"(?:airflow_batch_provider\.exceptions\.|^|\s)(?P<kind>
 # What a quiet demo shows of `airflow dags test`: poll lines, retries and resends, what failed.
 _SHOWN = re.compile(
     r"\(completed [\d,]+, failed [\d,]+, total [\d,]+\)|retryabl|sent them again|resubmit|failed for good|refused"
-    r"|Cost estimate:|skip_unchanged:|up_for_retry|Marking task as|\bERROR\b|Error: |run report:|done after",
-    re.IGNORECASE,
+    r"|Cost estimate:|skip_unchanged:|up_for_retry|Marking task as|\[error\s*\]|\bERROR\b|Error: "
+    r"|run report:|done after"
 )
 _POLL = re.compile(r"batch (?P<batch>\S+): (?P<status>\S+) \(completed (?P<counts>[\d,]+, failed [\d,]+), total")
 _LOGGER_SUFFIX = re.compile(r"\s+\[[\w.]+\](?:\s+\w+=\S+)*\s*$")  # structlog's " [logger] loc=file.py:12"

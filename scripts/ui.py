@@ -92,6 +92,8 @@ def main() -> int:
             [airflow, "api-server", "--host", "127.0.0.1", "--port", str(port)],
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+    # Ctrl-C raises KeyboardInterrupt; a plain kill (SIGTERM) must stop the api-server's group too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         wait_until_up(url, proc, log)
         password = json.loads((HOME / PASSWORDS).read_text())["admin"]

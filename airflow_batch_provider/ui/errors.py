@@ -131,7 +131,8 @@ def from_summary(summary: Mapping[str, Any]) -> list[ErrorKind]:
         if isinstance(entry, list | tuple) and len(entry) == 2:
             name = _text(entry[0])
             kinds.append(ErrorKind(name, _count(entry[1]), True, _ids(examples.get(name))))
-    if _count(summary.get("truncated_rows")):
+    # Cut-off answers of every status; shown on their own unless a top kind already names them.
+    if _count(summary.get("truncated_rows")) and not any("truncated" in k.kind for k in kinds):
         kinds.append(
             ErrorKind(TRUNCATED_KIND, _count(summary["truncated_rows"]), True, _ids(summary.get("truncated_examples")))
         )

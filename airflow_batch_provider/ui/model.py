@@ -144,7 +144,9 @@ class RunView:
 
     @property
     def completed(self) -> int:
-        """Requests that succeeded, over every chunk and batch."""
+        """Requests that succeeded, over every chunk and batch (once merged, the rows the merge counts succeeded)."""
+        if self.summary and "succeeded" in self.summary:
+            return _int(self.summary.get("succeeded"))
         return sum(c.succeeded for c in self.chunks)
 
     @property

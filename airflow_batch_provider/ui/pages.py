@@ -18,8 +18,7 @@ from airflow_batch_provider.ui.tables import STYLE as TABLE_STYLE
 
 REFRESH_MS = 3000
 
-_STYLE = (
-    """
+_STYLE = """
 body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;margin:16px;color:#1f2933}
 h1{font-size:20px;margin:0 0 6px} a{color:#1565c0} .muted{color:#616e7c}
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin:10px 0}
@@ -27,16 +26,10 @@ h1{font-size:20px;margin:0 0 6px} a{color:#1565c0} .muted{color:#616e7c}
 .card b{display:block;font-size:18px} table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:4px 8px;border-bottom:1px solid #eef0f2;vertical-align:middle}
 th{background:#f5f7fa;position:sticky;top:0} td.n{text-align:right;font-variant-numeric:tabular-nums}
-.bar{display:flex;width:180px;height:12px;background:#e4e7eb;border-radius:3px;overflow:hidden}
-.bar .ok{background:#2e7d32} .bar .ko{background:#c62828} tr.selected{background:#fff8e1}
+tr.selected{background:#fff8e1}
 code{font-size:12px} td:first-child{white-space:nowrap}
-table.fit{table-layout:fixed} table.fit td{overflow-wrap:anywhere} td.batches code{display:block}
-tr.chunk-errors td{border-bottom:1px solid #e4e7eb;padding-top:0} ul.errors{margin:0;padding-left:18px}
-ul.errors li,#error-kinds td{font-size:12px} .hint{color:#8a4b00} .ids code{background:#f5f7fa}
-h2{font-size:16px;margin:18px 0 6px}
 """
-    + TABLE_STYLE
-)
+_STYLE += TABLE_STYLE  # the chunk and failure tables (ui/tables.py)
 
 # Links that open a new tab cannot do it from the sandboxed iframe (no allow-popups): ask the
 # same-origin parent window to open them. Refresh: swap #content for a fresh render while live.

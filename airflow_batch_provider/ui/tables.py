@@ -24,11 +24,19 @@ _CHUNK_HEAD = (
     "<th>failed for good</th><th>being retried</th><th>batches (first, then follow-ups)</th>"
     "<th>status</th><th>elapsed</th></tr></thead><tbody>"
 )
-# Column widths of the fixed-layout tables, in the page's style sheet (no style attribute anywhere).
-STYLE = "".join(
-    f"#{table} th:nth-child({i}){{width:{width}%}}"
-    for table, widths in (("chunks", (15, 19, 8, 8, 8, 22, 12, 8)), ("error-kinds", (7, 33, 8, 20, 32)))
-    for i, width in enumerate(widths, 1)
+# Rules for these tables, appended to the page's style sheet (no style attribute anywhere). Fixed
+# layout with set column widths; every cell may wrap, ids anywhere, so nothing pushes the page wider.
+STYLE = (
+    "table.fit{table-layout:fixed;width:100%} table.fit td,table.fit th{white-space:normal;overflow-wrap:anywhere}"
+    "svg.meter{display:block;width:100%;height:12px} td.batches code{display:block;font-size:11px}"
+    "tr.chunk-errors td{border-bottom:1px solid #e4e7eb;padding-top:0} ul.errors{margin:0;padding-left:18px}"
+    "ul.errors li,#error-kinds td{font-size:12px} .hint{color:#8a4b00} .ids code{background:#f5f7fa}"
+    "h2{font-size:16px;margin:18px 0 6px} p.note{font-size:12px;margin:4px 0}"
+    + "".join(
+        f"#{table} th:nth-child({i}){{width:{width}%}}"
+        for table, widths in (("chunks", (13, 15, 10, 8, 8, 28, 10, 8)), ("error-kinds", (7, 33, 8, 20, 32)))
+        for i, width in enumerate(widths, 1)
+    )
 )
 
 
@@ -56,7 +64,7 @@ def bar(ok: float, ko: float, retry: float, title: str) -> str:
         parts.append(f'<rect class="{name}" x="{x:.2f}" y="0" width="{width:.2f}" height="10" fill="{colour}"/>')
         x += width
     return (
-        '<svg class="bar" viewBox="0 0 100 10" preserveAspectRatio="none" width="100%" height="12" role="img">'
+        '<svg class="meter" viewBox="0 0 100 10" preserveAspectRatio="none" width="100%" height="12" role="img">'
         f'<title>{_e(title)}</title><rect x="0" y="0" width="100" height="10" fill="#e4e7eb"/>{"".join(parts)}</svg>'
     )
 
@@ -67,7 +75,7 @@ def _batches(row: ChunkRow) -> str:
         first += f"{_e(row.batch_id)}</a>"
     else:
         first = f"<code class='batch'>{_e(row.batch_id or '-')}</code>"
-    follow = "".join(f"<code class='followup'>+ {_e(b)}</code>" for b in row.followups)
+    follow = "".join(f"<code class='followup'>+\u00a0{_e(b)}</code>" for b in row.followups)
     return f"<td class='batches' data-batches='{len(row.attempts)}'>{first}{follow}</td>"
 
 
@@ -96,7 +104,7 @@ def _chunk_row(row: ChunkRow, now: float, selected: tuple[str, int] | None) -> s
 
 def _kind_item(kind: ErrorKind) -> str:
     ids = ", ".join(f"<code>{_e(i)}</code>" for i in kind.examples)
-    final = "failed for good" if kind.final else "being retried"
+    final = "failed for good" if kind.final else "sent again"
     return (
         f'<li data-count="{_e(kind.count)}" data-final="{1 if kind.final else 0}"><b>{_n(kind.count)}</b> '
         f"<span class='kind'>{_e(kind.kind)}</span> <span class='muted'>({_e(final)})</span>"
@@ -115,7 +123,13 @@ def _chunk_errors(row: ChunkRow) -> str:
 def chunk_table(view: RunView, now: float | None = None, selected: tuple[str, int] | None = None) -> str:
     """Return the chunk table: one row per chunk, and under it what failed with a next step."""
     now = time.time() if now is None else now
-    return _CHUNK_HEAD + "".join(_chunk_row(row, now, selected) for row in view.chunks) + "</tbody></table>"
+    note = (
+        "<p class='muted note'>Chunk counts are what the provider reported for each batch; the merge's totals "
+        "above also count the answers it rejected (cut off, not valid JSON).</p>"
+        if view.summary
+        else ""
+    )
+    return _CHUNK_HEAD + "".join(_chunk_row(row, now, selected) for row in view.chunks) + "</tbody></table>" + note
 
 
 def errors_panel(view: RunView) -> str:
@@ -126,7 +140,7 @@ def errors_panel(view: RunView) -> str:
     source = "from the merge (final)" if view.summary else "so far, from the batches that ended (before the merge)"
     rows = "".join(
         f'<tr data-final="{1 if k.final else 0}"><td class="n">{_n(k.count)}</td><td class="kind">{_e(k.kind)}</td>'
-        f"<td>{_e('for good' if k.final else 'retried')}</td>"
+        f"<td>{_e('for good' if k.final else 'sent again')}</td>"
         f"<td class='ids'>{', '.join(f'<code>{_e(i)}</code>' for i in k.examples) or '-'}</td>"
         f"<td class='hint'>{_e(k.hint)}</td></tr>"
         for k in kinds
