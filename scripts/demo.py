@@ -132,7 +132,8 @@ COST_GUARD = re.compile(r"Batch cost (?P<estimate>\$[\d,.]+) \([^)]*\) exceeds m
 TASK_ERROR = re.compile(r"(?:airflow_batch_provider\.exceptions\.|^|\s)(?P<kind>\w+Error): (?P<message>.+)$")
 # What a quiet demo shows of `airflow dags test`: poll lines, retries and resends, what failed.
 _SHOWN = re.compile(
-    r"\(completed [\d,]+, failed [\d,]+, total [\d,]+\)|retryabl|sent them again|resubmit|failed for good|refused"
+    r"\(completed [\d,]+, failed [\d,]+, total [\d,]+\)|retryabl|retrying in|sent them again|resubmit"
+    r"|failed for good|refused"
     r"|Cost estimate:|skip_unchanged:|up_for_retry|Marking task as|\[error\s*\]|\bERROR\b|Error: "
     r"|run report:|done after"
 )
@@ -150,11 +151,13 @@ class OutputFilter:
     """
 
     MAX_LINES = 110  # echoed at most: with the summary, a quiet demo stays under 150 lines whatever happens
+    MAX_POLLS = 70  # poll lines of running batches; then only batch ends, so retries and failures still fit
 
     def __init__(self, verbose: bool) -> None:
         self.verbose = verbose
         self.dropped = 0
         self.echoed = 0
+        self.polls = 0
         self._polls: dict[str, str] = {}
 
     def __call__(self, line: str) -> str | None:
@@ -166,10 +169,13 @@ class OutputFilter:
             return None
         if poll := _POLL.search(line):
             seen = f"{poll['status']} {poll['counts']}"
-            if self._polls.get(poll["batch"]) == seen:  # the same look again (sensor and trigger both log it)
+            running = poll["status"] not in ("completed", "failed", "expired", "cancelled")
+            # The same look again (the sensor and the trigger both log it), or one running poll too many.
+            if self._polls.get(poll["batch"]) == seen or (running and self.polls >= self.MAX_POLLS):
                 self.dropped += 1
                 return None
             self._polls[poll["batch"]] = seen
+            self.polls += 1
         prefix = _PREFIX.match(line)
         text = line[prefix.end() :] if prefix else line
         text = _LOGGER_SUFFIX.sub("", text.rstrip())
