@@ -27,7 +27,8 @@ _CHUNK_HEAD = (
 # Rules for these tables, appended to the page's style sheet (no style attribute anywhere). Fixed
 # layout with set column widths; every cell may wrap, ids anywhere, so nothing pushes the page wider.
 STYLE = (
-    "table.fit{table-layout:fixed;width:100%} table.fit td,table.fit th{white-space:normal;overflow-wrap:anywhere}"
+    "table.fit{table-layout:fixed;width:100%} table.fit td{white-space:normal;overflow-wrap:anywhere}"
+    "table.fit th{white-space:normal;overflow-wrap:break-word;hyphens:auto}"
     "svg.meter{display:block;width:100%;height:12px} td.batches code{display:block;font-size:11px}"
     "tr.chunk-errors td{border-bottom:1px solid #e4e7eb;padding-top:0} ul.errors{margin:0;padding-left:18px}"
     "ul.errors li,#error-kinds td{font-size:12px} .hint{color:#8a4b00} .ids code{background:#f5f7fa}"

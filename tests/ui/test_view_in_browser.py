@@ -117,7 +117,7 @@ def test_view_shows_each_chunk_and_links_to_the_provider_and_the_report(
     assert driver.find_element(By.CSS_SELECTOR, "[data-testid=total-rows] b").text == f"{ROWS:,}"
     assert driver.find_element(By.CSS_SELECTOR, "[data-testid=status-succeeded] b").text == f"{ROWS:,}"
     assert driver.find_element(By.CSS_SELECTOR, "[data-testid=run-state]").text == "success"
-    statuses = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#chunks td.status")]
+    statuses = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#chunks span.status")]
     assert statuses == ["completed"] * CHUNKS
 
     # The provider console link: the hooks give one only for the providers' own API hosts, so on the
@@ -186,7 +186,7 @@ def test_progress_bar_moves_while_the_run_is_live(ui_deployment: Deployment, bro
         assert all(values == sorted(values) for values in seen.values()), seen
         assert driver.execute_script("return window.__notReloaded === true")  # refreshed in place
         widths = driver.execute_script(
-            "return Array.from(document.querySelectorAll('#chunks tr.chunk .bar rect.ok')).map(r => +r.getAttribute('width'))"
+            "return Array.from(document.querySelectorAll('#chunks tr.chunk .meter rect.ok')).map(r => +r.getAttribute('width'))"
         )
         assert any(0 < width < 100 for width in widths), widths  # a bar part way, drawn without inline style
         assert driver.find_element(By.CSS_SELECTOR, "[data-testid=run-state]").text == "running"
