@@ -248,7 +248,8 @@ def _tally(row: ChunkRow, attempts: Attempts, progress: Mapping[str, Any], senso
     sent = row.num_requests  # the lines attempt k sent (attempt 1: the whole chunk)
     for k in range(1, len(attempts) + 1):
         total, ok, ko = counts(k)
-        total = sent if k == 1 or not total else total  # a batch reports total 0 until it is validated
+        if k == 1 or not total:  # the lines we sent; a batch reports total 0 until it is validated
+            total = sent or total
         row.succeeded += ok
         if k < len(attempts):  # a later attempt exists: what failed here was sent again or is final
             record = sensor.errors.get(k) or {}
