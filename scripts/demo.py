@@ -9,7 +9,12 @@ Each demo configuration (backend, rows, emulator switches, cost limit) has its o
 so a demo shows what it is run for whatever ran before: the example DAG skips rows whose stored
 result in *its* folder has the same request (``skip_unchanged``), so rerunning the same
 configuration sends nothing, and another configuration starts from nothing. The summary is the
-merge task's own (``_SUMMARY.json``), plus how many rows were carried over and how to start fresh.
+merge task's own (``_SUMMARY.json``), plus how many rows were carried over, why the actual cost
+differs from the expected one, and how to start fresh.
+
+Quiet by default: of ``airflow dags test``'s output only each batch's poll line that moved, retries,
+resends and failures are echoed (:class:`OutputFilter`); all of it goes to ``.demo/run/dags-test.log``,
+and ``VERBOSE=1`` echoes everything.
 """
 
 from __future__ import annotations
