@@ -158,3 +158,17 @@ def test_the_sensor_publishes_each_attempts_failures_and_the_view_adds_them_up(o
     assert row.followups and row.failed >= errors[1]["failed_final"] > 0
     invalid = next(k for k in row.errors if "invalid_request_error" in k.kind)
     assert invalid.final and invalid.examples and set(invalid.examples) <= {r["custom_id"] for r in rows}
+
+
+def test_a_chunk_waiting_out_the_token_budget_says_so_and_what_to_do():
+    """A `token_limit_exceeded` refusal: the sensor's checkpoint holds the wait; the view names it live."""
+    checkpoint = {"origin": "b1", "attempts": [{"batch_id": "b1"}], "token_wait": {"since": 1.0, "resubmit_at": 9.0}}
+    progress = {**CHUNK, "attempt": 1, "batch_id": "b1", "status": "failed", "total": 0, "completed": 0, "failed": 0}
+    sensor = TaskRecord("wait", 0, "BatchCompleteSensor", "deferred", None, None, 1, progress=progress,
+                        checkpoint=checkpoint)  # fmt: skip
+    (row,) = _view(sensor).chunks
+    assert "token budget is full" in row.phase
+    assert row.errors[0].count == 100 and not row.errors[0].final and "token budget" in row.errors[0].hint
+    sensor = TaskRecord("wait", 0, "BatchCompleteSensor", "success", None, None, 1, progress=progress,
+                        checkpoint=checkpoint)  # fmt: skip
+    assert not _view(sensor).chunks[0].errors  # over: no longer a reason to wait
