@@ -2,8 +2,10 @@
 
 A headless Chromium logs in to the Airflow UI, opens the view's tab on a finished run of the example
 DAG (one row per chunk, the right counts), follows the provider link and the run report, and watches
-the progress bar of a live run move on a slow emulator. Screenshots go to the test's tmp folder;
-assertions read the DOM, never pixels. The endpoints refuse a caller without a valid Airflow token.
+the progress bar of a live run move on a slow emulator. A run with line errors and follow-up batches
+shows its failures with example row ids before the merge, then done == requests for every chunk, and
+never scrolls sideways at 1280 px. Screenshots go to the test's tmp folder; assertions read the DOM,
+never pixels. The endpoints refuse a caller without a valid Airflow token.
 """
 
 from __future__ import annotations
