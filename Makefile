@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis browser-deps
+.PHONY: venv demo ui demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis browser-deps
 
 # The emulator (emulator/, its own distribution) and the provider in one pip command: the provider's test
 # extra names airflow-batch-emulator, which no index serves. The rm: metadata an older checkout's install
@@ -41,6 +41,12 @@ vllm-classes: $(VENV)/.vllm-classes
 demo: venv
 	$(PY) scripts/demo.py --rows $(ROWS) --backend $(BACKEND) --emulator-args "$(EMULATOR_ARGS)" \
 		$(if $(MAX_COST_USD),--max-cost-usd $(MAX_COST_USD))
+
+# The Airflow UI on the demo's AIRFLOW_HOME (.airflow/demo), 127.0.0.1 only: look at every `make demo` run
+# under "LLM batches". Prints the URL and the login; Ctrl-C stops it. UI_PORT is taken if free, else a free port.
+UI_PORT ?= 8080
+ui: venv
+	$(PY) scripts/ui.py --port $(UI_PORT)
 
 # The example DAG on CeleryExecutor (three workers sharing no disk) with S3 (moto) storage; starts and stops
 # everything itself on 127.0.0.1. Needs PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379).

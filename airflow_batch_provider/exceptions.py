@@ -12,7 +12,7 @@ The hierarchy, drawn once so callers can catch at the right depth::
     ├── BatchTimeoutError              the batch did not end within the sensor's timeout
     ├── BatchEndedBadlyError           the batch ended without usable results
     │   ├── BatchFailedError           provider-side validation or processing failure
-    │   └── BatchCancelledError        the batch was cancelled
+    │   └── BatchCancelledError        the batch was cancelled; never retried
     ├── ResultsError                   result files could not be read or joined back
     ├── SinkError                      a merged part could not be written to (or read from) a sink
     └── TooManyFailuresError           merged, but some chunk has more failed rows than max_failure_ratio;
@@ -95,8 +95,13 @@ class BatchFailedError(BatchEndedBadlyError):
     """Report a batch the provider failed (validation errors, token limits, ...)."""
 
 
-class BatchCancelledError(BatchEndedBadlyError):
-    """Report a batch that was cancelled, by us or by someone else."""
+class BatchCancelledError(BatchEndedBadlyError, AirflowFailException):
+    """Report a batch that was cancelled, by us or by someone else.
+
+    An AirflowFailException too: a cancel by someone else is a decision, and a cancel by this
+    task means the task is being killed; a retry would only poll the same cancelled batch again,
+    so the task fails at once. Clearing the task sends the lines again (see BatchCompleteSensor).
+    """
 
 
 class ResultsError(BatchProviderError):

@@ -6,6 +6,11 @@ provider status, request counts and provider timestamps. Never a request or an a
 XCom is what both a worker and the triggerer may write (the triggerer cannot write the task
 state store), and what the api-server can read with the user's permissions. Publishing is
 best effort: a failed write is logged and never fails the poll.
+
+When an attempt's batch ends with failed lines, the sensor also publishes what it found in the
+result files under ``llm_batch_errors.attempt-N`` (:func:`attempt_errors`): how many lines it
+sends again, how many failed for good, and the top failure kinds with a few example custom_ids,
+so the view can say what failed and what to do while the run is live, before the merge.
 """
 
 from __future__ import annotations
@@ -13,13 +18,53 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_batch_provider.status import BatchState
+
+if TYPE_CHECKING:
+    from airflow_batch_provider.batches.line_retry import AttemptScan
 
 log = logging.getLogger(__name__)
 
 PROGRESS_KEY = "llm_batch_progress"
+ERRORS_KEY = "llm_batch_errors"  # one XCom per scanned attempt: ERRORS_KEY + ".attempt-N"
+MAX_KINDS = 5  # failure kinds kept per attempt (final ones first): the record stays a few hundred bytes
+
+
+def errors_key(attempt: int) -> str:
+    """Return the XCom key of attempt ``attempt``'s failure record."""
+    return f"{ERRORS_KEY}.attempt-{attempt}"
+
+
+def attempt_errors(state: BatchState, attempt: int, scan: AttemptScan) -> dict[str, Any]:
+    """Return the failure record of an ended attempt: counts, and the top kinds with example custom_ids."""
+    kinds = [
+        {"kind": kind, "count": count, "final": final, "examples": list(scan.examples.get(kind, ()))}
+        for counter, final in ((scan.final_failures, True), (scan.retryable, False))
+        for kind, count in counter.most_common(MAX_KINDS)
+    ]
+    return {
+        "attempt": attempt,
+        "batch_id": state.batch_id,
+        "total": state.counts.total,
+        "resent": len(scan.retry_ids),
+        "failed_final": scan.final_failed,
+        "kinds": kinds[:MAX_KINDS],
+    }
+
+
+def publish_attempt_errors(context: Any, state: BatchState, attempt: int, scan: AttemptScan) -> None:
+    """Push attempt ``attempt``'s failure record from the sensor (nothing when no line failed)."""
+    if not scan.retry_ids and not scan.final_failures:
+        return
+    ti = context.get("ti") if hasattr(context, "get") else None
+    if ti is None:
+        return
+    try:
+        ti.xcom_push(key=errors_key(attempt), value=attempt_errors(state, attempt, scan))
+    except Exception as exc:  # like progress: for people watching, never a reason to fail the batch
+        log.warning("could not publish the failures of batch %s: %s", state.batch_id, exc)
 
 
 def progress_base(batch: Mapping[str, Any], attempt: int) -> dict[str, Any]:

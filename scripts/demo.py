@@ -9,7 +9,12 @@ Each demo configuration (backend, rows, emulator switches, cost limit) has its o
 so a demo shows what it is run for whatever ran before: the example DAG skips rows whose stored
 result in *its* folder has the same request (``skip_unchanged``), so rerunning the same
 configuration sends nothing, and another configuration starts from nothing. The summary is the
-merge task's own (``_SUMMARY.json``), plus how many rows were carried over and how to start fresh.
+merge task's own (``_SUMMARY.json``), plus how many rows were carried over, why the actual cost
+differs from the expected one, and how to start fresh.
+
+Quiet by default: of ``airflow dags test``'s output only each batch's poll line that moved, retries,
+resends and failures are echoed (:class:`OutputFilter`); all of it goes to ``.demo/run/dags-test.log``,
+and ``VERBOSE=1`` echoes everything.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from airflow_batch_provider.cost.estimate import usd
 from airflow_batch_provider.results.summary import format_summary_table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,24 +100,101 @@ def output_folder(root: Path, backend: str, rows: int, emulator_args: str, max_c
     return root / (f"{name}-{slug}" if slug else name)
 
 
-def _run_streaming(cmd: list[str], env: dict[str, str]) -> tuple[int, dict[str, str]]:
-    """Run ``cmd``, echo its output as it comes, and pick out the lines a summary should repeat."""
+def _run_streaming(cmd: list[str], env: dict[str, str], log_path: Path) -> tuple[int, dict[str, str]]:
+    """Run ``cmd``, keep its whole output in ``log_path``, echo what matters, and pick out the summary's lines.
+
+    Quiet by default (:class:`OutputFilter`); ``VERBOSE=1`` echoes every line as it comes.
+    """
     notable: dict[str, str] = {}
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+    shown = OutputFilter(verbose=os.environ.get("VERBOSE", "") not in ("", "0"))
+    with (
+        log_path.open("w") as log,
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc,
+    ):
         assert proc.stdout is not None
         for line in proc.stdout:
-            sys.stdout.write(line)
+            log.write(line)
+            if (echo := shown(line)) is not None:
+                sys.stdout.write(echo)
+                sys.stdout.flush()
             if "Cost estimate:" in line and "estimate" not in notable:
                 notable["estimate"] = line.split("Cost estimate:", 1)[1].strip()
             if "skip_unchanged:" in line and "carried" not in notable:
                 match = re.search(r"skip_unchanged: ([\d,]+) of ([\d,]+) rows", line)
                 if match:
                     notable["carried"] = match.group(1)
-            if "CostLimitExceededError" in line or "exceeds max_cost_usd" in line:
-                text = line.split("Error:", 1)[-1].strip()
-                if "exceeds max_cost_usd" in text:
-                    notable["error"] = text
-        return proc.wait(), notable
+            if (guard := COST_GUARD.search(line)) and "cost_guard" not in notable:
+                notable["cost_guard"] = f"{guard['estimate']} > {guard['limit']}"
+            if (error := TASK_ERROR.search(line)) and "error" not in notable and "cost_guard" not in notable:
+                notable["error"] = error["message"].strip()[:300]
+        returncode = proc.wait()
+    sys.stdout.write(shown.dropped_note())
+    return returncode, notable
+
+
+# The cost guard's error (CostLimitExceededError), as the chunk task logs it.
+COST_GUARD = re.compile(r"Batch cost (?P<estimate>\$[\d,.]+) \([^)]*\) exceeds max_cost_usd=(?P<limit>\$[\d,.]+)")
+TASK_ERROR = re.compile(r"(?:airflow_batch_provider\.exceptions\.|^|\s)(?P<kind>\w+Error): (?P<message>.+)$")
+# What a quiet demo shows of `airflow dags test`: poll lines, retries and resends, what failed.
+_SHOWN = re.compile(
+    r"\(completed [\d,]+, failed [\d,]+, total [\d,]+\)|retryabl|retrying in|sent them again|resubmit"
+    r"|failed for good|refused"
+    r"|Cost estimate:|skip_unchanged:|up_for_retry|Marking task as|\[error\s*\]|\bERROR\b|Error: "
+    r"|run report:|done after"
+)
+_POLL = re.compile(r"batch (?P<batch>\S+): (?P<status>\S+) \(completed (?P<counts>[\d,]+, failed [\d,]+), total")
+_LOGGER_SUFFIX = re.compile(r"\s+\[[\w.]+\](?:\s+\w+=\S+)*\s*$")  # structlog's " [logger] loc=file.py:12"
+_PREFIX = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ](?P<time>\d\d:\d\d:\d\d)[^\]]*\]?\s*(?:\{[^}]*\}\s*)?")
+
+
+class OutputFilter:
+    """Decide which lines of ``airflow dags test`` a quiet demo echoes (everything with ``verbose``).
+
+    Kept: each batch's poll line when its status or counts changed, retries and resends, the cost
+    estimate, what failed; each shortened to its time and message. Dropped lines are only counted:
+    the whole output is in the demo's log file.
+    """
+
+    MAX_LINES = 110  # echoed at most: with the summary, a quiet demo stays under 150 lines whatever happens
+    MAX_POLLS = 70  # poll lines of running batches; then only batch ends, so retries and failures still fit
+
+    def __init__(self, verbose: bool) -> None:
+        self.verbose = verbose
+        self.dropped = 0
+        self.echoed = 0
+        self.polls = 0
+        self._polls: dict[str, str] = {}
+
+    def __call__(self, line: str) -> str | None:
+        """Return what to print for ``line`` (None: nothing)."""
+        if self.verbose:
+            return line
+        if not _SHOWN.search(line) or self.echoed >= self.MAX_LINES:
+            self.dropped += 1
+            return None
+        if poll := _POLL.search(line):
+            seen = f"{poll['status']} {poll['counts']}"
+            running = poll["status"] not in ("completed", "failed", "expired", "cancelled")
+            # The same look again (the sensor and the trigger both log it), or one running poll too many.
+            if self._polls.get(poll["batch"]) == seen or (running and self.polls >= self.MAX_POLLS):
+                self.dropped += 1
+                return None
+            self._polls[poll["batch"]] = seen
+            self.polls += 1
+        prefix = _PREFIX.match(line)
+        text = line[prefix.end() :] if prefix else line
+        text = _LOGGER_SUFFIX.sub("", text.rstrip())
+        if len(text) > 200:
+            text = text[:197] + "..."
+        self.echoed += 1
+        return f"  {prefix['time'] + ' ' if prefix else ''}{text}\n"
+
+    def dropped_note(self) -> str:
+        """Return the line saying how much was left out (empty when nothing was)."""
+        if not self.dropped:
+            return ""
+        capped = f", {self.MAX_LINES} shown at most" if self.echoed >= self.MAX_LINES else ""
+        return f"  ({self.dropped:,} more lines in the log file{capped}; VERBOSE=1 shows them all)\n"
 
 
 def _start_s3(bucket: str) -> tuple[Any, str]:
@@ -206,8 +289,9 @@ def main() -> int:
             conf = {"rows": args.rows, "output_dir": str(output_dir), "mode": "server"}
         print(f"==> airflow dags test {DAG_IDS[args.backend]} with {json.dumps(conf)}", flush=True)
         started = time.time()
+        log_path = run_dir / "dags-test.log"
         returncode, notable = _run_streaming(
-            [airflow, "dags", "test", DAG_IDS[args.backend], "-c", json.dumps(conf)], env
+            [airflow, "dags", "test", DAG_IDS[args.backend], "-c", json.dumps(conf)], env, log_path
         )
         after = _stats(port)
     finally:
@@ -218,42 +302,102 @@ def main() -> int:
 
     summary_file = output_dir / "_SUMMARY.json"
     failed = returncode != 0 or not summary_file.exists() or summary_file.stat().st_mtime < started
-    if failed or notable.get("error"):
-        print_failure(returncode, notable, before, after, output_dir)
+    if failed or notable.get("cost_guard"):
+        print_failure(returncode, notable, before, after, output_dir, log_path)
         return 1
     summary = json.loads(summary_file.read_text())
-    print_summary(summary, args.backend, time.time() - started)
+    print_summary(summary, args.backend, time.time() - started, notable.get("estimate"))
     if summary.get("report"):
-        print(f"report: {summary['report']}  (open it in a browser; also under 'LLM batches' in the Airflow UI)")
+        print(f"report: {summary['report']}  (open it in a browser)")
+    print(f"log:    {log_path}  (everything airflow dags test printed)")
+    print(f"ui:     make ui  (this run under 'LLM batches' in the Airflow UI, on {home})")
     print(f"output: {output_dir}")
     return 0
 
 
 def print_failure(
-    returncode: int, notable: dict[str, str], before: dict[str, Any], after: dict[str, Any], output_dir: Path
+    returncode: int,
+    notable: dict[str, str],
+    before: dict[str, Any],
+    after: dict[str, Any],
+    output_dir: Path,
+    log_path: Path,
 ) -> None:
-    """Say why the run failed and what reached the emulator (nothing, when the cost guard stopped it)."""
-    print(f"\ndemo FAILED (airflow dags test exit code {returncode}); see the task logs above", flush=True)
-    if notable.get("error"):
-        print(f"  reason           {notable['error']}")
+    """Say why the run failed in one sentence, and what reached the emulator (nothing if the cost guard stopped it)."""
     uploaded = int(after["openai"]["files_uploaded"]) - int(before["openai"]["files_uploaded"])
     created = sum(
         int(after[p].get("batches_created", 0)) - int(before[p].get("batches_created", 0))
         for p in ("openai", "anthropic", "bedrock")
     )
+    print(f"\ndemo FAILED (airflow dags test exit code {returncode})", flush=True)
+    if guard := notable.get("cost_guard"):
+        estimate, limit = guard.split(" > ")
+        reason = (
+            f"the cost guard stopped the run before anything was sent: the estimated batch cost {estimate} "
+            f"is over MAX_COST_USD={limit.lstrip('$')}; raise MAX_COST_USD or lower ROWS."
+        )
+        print(f"  reason           {reason}")
+    elif notable.get("error"):
+        print(f"  reason           {notable['error']}")
     print(f"  files uploaded   {uploaded:,}")
     print(f"  batches created  {created:,}")
     carried = notable.get("carried", "0")
     print(f"  rows carried     {carried} (stored results of an earlier run of this configuration)")
-    print(f"  start fresh      {FRESH_START}")
-    print(f"output: {output_dir}")
+    print(f"  log              {log_path} (everything airflow dags test printed)")
+    if output_dir.exists():  # nothing to start fresh from when the run wrote no output
+        print(f"  start fresh      {FRESH_START}")
+        print(f"output: {output_dir}")
 
 
-def print_summary(summary: dict[str, object], backend: str, elapsed: float) -> None:
+def cost_explanation(summary: dict[str, Any], estimate_line: str | None, emulated: bool) -> list[tuple[str, str]]:
+    """Return summary rows saying why the actual cost differs from the expected one (token for token).
+
+    ``estimate_line`` is the chunk task's "Cost estimate:" log line (the tokens counted before submission).
+    """
+    expected, actual = summary.get("cost_expected_usd"), summary.get("actual_cost_usd")
+    if not isinstance(expected, int | float) or not isinstance(actual, int | float):
+        return []
+    est_in = re.search(r"([\d,]+) input tokens", estimate_line or "")
+    est_out = re.search(r"expected \$[\d.,]+ batch / \S+ real-time with ([\d,]+) output tokens", estimate_line or "")
+    sent_in = int(summary.get("new_input_tokens", summary.get("input_tokens")) or 0)
+    sent_out = int(summary.get("new_output_tokens", summary.get("output_tokens")) or 0)
+    rows = []
+    if est_in and est_out:
+        guess_in, guess_out = (int(m.group(1).replace(",", "")) for m in (est_in, est_out))
+        rows.append(("tokens expected", f"{guess_in:,} in + {guess_out:,} out (counted before submission)"))
+        rows.append(("tokens billed", f"{sent_in:,} in + {sent_out:,} out (usage the provider reported)"))
+    why = []
+    if est_in and sent_in:
+        ratio = sent_in / max(1, int(est_in.group(1).replace(",", "")))
+        counted = "the estimate counts whole requests, response schema included, with tiktoken"
+        billed = (
+            "the emulator bills message text at 4 characters a token" if emulated else "the provider counts its way"
+        )
+        why.append(f"input billed {ratio:.0%} of the tokens counted ({counted}; {billed})")
+    if est_out and sent_out:
+        ratio = sent_out / max(1, int(est_out.group(1).replace(",", "")))
+        why.append(f"answers were {ratio:.0%} of the expected output tokens")
+    if summary.get("failed"):
+        why.append(f"{int(summary['failed']):,} failed rows were billed little or nothing")
+    if summary.get("carried_rows"):
+        why.append(f"{int(summary['carried_rows']):,} rows were carried from an earlier run and not sent")
+    if summary.get("requests_resent"):
+        why.append(f"{int(summary['requests_resent']):,} requests were sent again (paid twice)")
+    if why:
+        rows.append(("actual vs expected", f"{usd(actual)} vs {usd(expected)}: " + "; ".join(why)))
+    return rows
+
+
+def print_summary(summary: dict[str, Any], backend: str, elapsed: float, estimate_line: str | None = None) -> None:
     """Print the merge task's summary (the figures it logged, from _SUMMARY.json) and the demo's own lines."""
     print("\n==> demo summary (the merge task's, from _SUMMARY.json)")
     where = "server (emulator realtime routes, OpenAI-compatible)" if backend == "server" else f"{backend} (emulator)"
-    extra = [("provider", where), ("wall time", f"{elapsed:.1f} s"), ("start fresh", FRESH_START)]
+    extra = [
+        *cost_explanation(summary, estimate_line, "emulator" in where),
+        ("provider", where),
+        ("wall time", f"{elapsed:.1f} s"),
+        ("start fresh", FRESH_START),
+    ]
     print(format_summary_table({**summary, "output": ""}, extra))
 
 

@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_LINE_RETRIES = 2
+EXAMPLE_IDS = 3  # custom_ids kept per failure kind of an attempt (shown by the "LLM batches" view)
+MISSING_KIND = "missing/-: no result line"
 
 #: Error codes/types (OpenAI ``error.code``/``type``, Anthropic ``error.type``) that mean "try again".
 RETRYABLE_CODES = frozenset(
@@ -278,6 +280,7 @@ class AttemptScan:
     retry_ids: list[str] = field(default_factory=list)
     final_failures: Counter[str] = field(default_factory=Counter)
     retryable: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, list[str]] = field(default_factory=dict)  # failure kind -> its first custom_ids (the view)
 
     @property
     def final_failed(self) -> int:
@@ -312,11 +315,14 @@ def scan_attempt(
         if record["status"] == "succeeded" or record["custom_id"] in seen_failed:
             continue
         seen_failed.add(record["custom_id"])
+        kind = describe_failure(record)
         if is_retryable(record, cancelled_by_us=cancelled_by_us):
             scan.retry_ids.append(record["custom_id"])
-            scan.retryable[describe_failure(record)] += 1
+            scan.retryable[kind] += 1
         else:
-            scan.final_failures[describe_failure(record)] += 1
+            scan.final_failures[kind] += 1
+        if len(examples := scan.examples.setdefault(kind, [])) < EXAMPLE_IDS:
+            examples.append(record["custom_id"])
     expected = state.counts.total
     if expected and state.counts.completed + len(seen_failed) < expected:
         answered = {r["custom_id"] for r in all_results()}
@@ -324,7 +330,8 @@ def scan_attempt(
         if missing:
             log.warning("batch %s: %d line(s) have no result at all; they are retried", state.batch_id, len(missing))
             scan.retry_ids.extend(missing)
-            scan.retryable["missing/-: no result line"] += len(missing)
+            scan.retryable[MISSING_KIND] += len(missing)
+            scan.examples[MISSING_KIND] = missing[:EXAMPLE_IDS]
     return scan
 
 

@@ -30,6 +30,7 @@ from airflow_batch_provider.batches.token_budget import RefusalStep, refusal_ste
 from airflow_batch_provider.descriptors import ChunkDescriptor, CompletedBatch, SubmittedBatch
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.metrics import BatchMetrics
+from airflow_batch_provider.progress import publish_attempt_errors
 from airflow_batch_provider.sensors.errors import format_errors, refused_error, top_failures
 from airflow_batch_provider.sensors.record import Attempt, Finished, PollNext, WaitRecord, WaitUntil
 from airflow_batch_provider.status import BatchState
@@ -67,6 +68,7 @@ class Resubmission:
     def follow_up(self, state: BatchState, attempt: int, label: str) -> Finished | PollNext:
         """Send attempt ``attempt``'s retryable failed lines as attempt ``attempt + 1`` (or finish: none)."""
         scan, written = plan_followup(self.hook, self.batch, state, attempt)
+        publish_attempt_errors(self.context, state, attempt, scan)  # what failed, for the view, before the merge
         if scan.final_failures:
             self.log.info("%s: %d line(s) failed for good: %s",
                           label, scan.final_failed, top_failures(scan.final_failures))  # fmt: skip

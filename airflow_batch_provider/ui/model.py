@@ -7,7 +7,13 @@ Sources, all small JSON in the metadata DB (never a request body or an answer):
 - BatchCompleteSensor's ``llm_batch_progress`` XCom (:mod:`airflow_batch_provider.progress`): the
   last poll's provider status and counts; its checkpoint (task state store): every attempt so far;
   its XCom result: every attempt's final state;
+- the sensor's ``llm_batch_errors.attempt-N`` XComs: what each ended attempt's failed lines were
+  (kinds, example row ids, how many were sent again);
 - MergeResultsOperator's XCom: the job summary (statuses, tokens, costs, the report path).
+
+A chunk's counts add up every batch it sent (the first one and its follow-ups), each line counted
+once at its latest batch: succeeded, failed for good, being sent again, waiting, of the chunk's
+requests. A chunk whose wait ended therefore shows done == its request count.
 
 :func:`build_run_view` is pure (plain records in, a :class:`RunView` out); :mod:`.queries` reads
 the records from the database.
@@ -21,11 +27,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from airflow_batch_provider.ui.errors import ErrorKind, from_attempts, from_summary, merge_kinds
+
 CHUNK_OPERATOR = "ChunkOperator"
 SUBMIT_OPERATOR = "SubmitBatchOperator"
 SENSOR_OPERATOR = "BatchCompleteSensor"
 MERGE_OPERATOR = "MergeResultsOperator"
 OUR_OPERATORS = (CHUNK_OPERATOR, SUBMIT_OPERATOR, SENSOR_OPERATOR, MERGE_OPERATOR)
+TOKEN_LIMIT_KIND = "refused/token_limit_exceeded: the provider's enqueued-token limit"
 LIVE_TI_STATES = frozenset({"scheduled", "queued", "running", "deferred", "up_for_retry", "up_for_reschedule"})
 
 
@@ -43,32 +52,50 @@ class TaskRecord:
     result: Any = None  # XCom return_value
     progress: Mapping[str, Any] | None = None  # XCom llm_batch_progress (sensor)
     checkpoint: Mapping[str, Any] | None = None  # task state store "batch_wait" (sensor)
+    errors: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # attempt -> llm_batch_errors record
 
 
 @dataclass
 class ChunkRow:
-    """One chunk's line in the view."""
+    """One chunk's line in the view: its lines by where they are now, over all its batches."""
 
     key: tuple[str, int]  # (job_dir, chunk_index)
     label: str
     num_requests: int
     phase: str = "waiting to be submitted"
     provider_status: str = ""
-    completed: int = 0
-    failed: int = 0
-    total: int = 0
-    batch_id: str = ""
+    succeeded: int = 0
+    failed: int = 0  # failed for good (not sent again)
+    judging: int = 0  # failed in a batch whose failures the sensor has not sorted yet
+    retrying: int = 0  # in a follow-up batch, not answered yet
+    batch_id: str = ""  # the first batch
     console_url: str = ""
     attempts: list[str] = field(default_factory=list)  # batch ids, first to last
     started: datetime | None = None
     ended: datetime | None = None
     submit_task: tuple[str, int] | None = None
     sensor_task: tuple[str, int] | None = None
+    errors: list[ErrorKind] = field(default_factory=list)
 
     @property
     def followups(self) -> list[str]:
         """Batches sent after the first one (line retries, resubmissions)."""
         return self.attempts[1:]
+
+    @property
+    def total(self) -> int:
+        """The chunk's requests (each counted once, however many batches it took)."""
+        return self.num_requests
+
+    @property
+    def done(self) -> int:
+        """Lines with their final result: succeeded or failed for good."""
+        return self.succeeded + self.failed
+
+    @property
+    def waiting(self) -> int:
+        """Lines of the first batch not answered yet."""
+        return max(0, self.total - self.done - self.judging - self.retrying)
 
     def elapsed_s(self, now: float) -> float | None:
         """Seconds from submission to the end of the wait (or to now while it runs)."""
@@ -77,11 +104,15 @@ class ChunkRow:
         end = self.ended.timestamp() if self.ended is not None else now
         return max(0.0, end - self.started.timestamp())
 
-    def percent(self) -> tuple[float, float]:
-        """Return (completed %, failed %) of the batch's requests, from the last poll."""
+    def percent(self) -> tuple[float, float, float]:
+        """Return (succeeded %, failed %, being retried or judged %) of the chunk's requests."""
         if not self.total:
-            return 0.0, 0.0
-        return 100.0 * self.completed / self.total, 100.0 * self.failed / self.total
+            return 0.0, 0.0, 0.0
+        return (
+            100.0 * self.succeeded / self.total,
+            100.0 * self.failed / self.total,
+            100.0 * (self.retrying + self.judging) / self.total,
+        )
 
 
 @dataclass
@@ -108,14 +139,43 @@ class RunView:
         return sum(c.num_requests for c in self.chunks)
 
     @property
+    def done(self) -> int:
+        """Requests with their final result, over every chunk and batch."""
+        return sum(c.done for c in self.chunks)
+
+    @property
     def completed(self) -> int:
-        """Requests the provider reported completed at the last poll, over every chunk."""
-        return sum(c.completed for c in self.chunks)
+        """Requests that succeeded, over every chunk and batch (once merged, the rows the merge counts succeeded)."""
+        if self.summary and "succeeded" in self.summary:
+            return _int(self.summary.get("succeeded"))
+        return sum(c.succeeded for c in self.chunks)
 
     @property
     def failed(self) -> int:
-        """Requests the provider reported failed at the last poll, over every chunk."""
+        """Requests that failed for good (or, once merged, rows the merge counts failed)."""
+        if self.summary and "failed" in self.summary:
+            return _int(self.summary.get("failed"))
         return sum(c.failed for c in self.chunks)
+
+    @property
+    def retrying(self) -> int:
+        """Requests being sent again (or failed in a batch the sensor has not sorted yet)."""
+        return sum(c.retrying + c.judging for c in self.chunks)
+
+    @property
+    def errors(self) -> list[ErrorKind]:
+        """The run's top failure kinds: the merge's once it ran, else the chunks' so far."""
+        if self.summary:
+            return from_summary(self.summary)
+        return merge_kinds(c.errors for c in self.chunks)
+
+    @property
+    def cost_usd(self) -> tuple[float | None, bool]:
+        """Return (cost, actual): the merge's actual batch cost once known, else the estimate."""
+        actual = (self.summary or {}).get("actual_cost_usd")
+        if isinstance(actual, int | float):
+            return float(actual), True
+        return self.estimated_cost_usd, False
 
 
 def _int(value: Any) -> int:
@@ -138,12 +198,71 @@ def _row(rows: dict[tuple[str, int], ChunkRow], record: Mapping[str, Any]) -> Ch
     return rows[key]
 
 
-def _attempt_ids(sensor: TaskRecord) -> list[str]:
-    states = sensor.result.get("attempts") if isinstance(sensor.result, Mapping) else None
-    if states and isinstance(states, list):
-        return [str(s.get("batch_id") or "") for s in states if isinstance(s, Mapping)]
-    attempts = sensor.checkpoint.get("attempts") if isinstance(sensor.checkpoint, Mapping) else None
-    return [str(a["batch_id"]) for a in attempts or () if isinstance(a, Mapping) and a.get("batch_id")]
+Attempts = list[tuple[str, Mapping[str, Any] | None]]  # (batch id, end state or None while it runs)
+
+
+def _attempts(sensor: TaskRecord) -> Attempts:
+    """Every attempt of the chunk: the sensor's result once it finished, else its checkpoint."""
+    result = sensor.result if isinstance(sensor.result, Mapping) else {}
+    states = result.get("attempts")
+    if isinstance(states, list) and states:
+        return [(str(s.get("batch_id") or ""), s) for s in states if isinstance(s, Mapping)]
+    attempts = (_mapping(sensor.checkpoint) or {}).get("attempts")
+    if isinstance(attempts, list) and attempts:
+        found = [a for a in attempts if isinstance(a, Mapping)]
+        return [(str(a.get("batch_id") or ""), _mapping(a.get("state"))) for a in found]
+    progress = _mapping(sensor.progress) or {}
+    return [(str(progress.get("first_batch_id") or progress.get("batch_id") or ""), None)] if progress else []
+
+
+def _mapping(value: Any) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
+
+
+def _counts(record: Mapping[str, Any] | None, nested: bool) -> tuple[int, int, int]:
+    """Return (total, completed, failed) of a BatchState dict (``nested``) or a progress record."""
+    if record is None:
+        return 0, 0, 0
+    counts = (_mapping(record.get("counts")) or {}) if nested else record
+    return _int(counts.get("total")), _int(counts.get("completed")), _int(counts.get("failed"))
+
+
+def _live_attempt(progress: Mapping[str, Any], attempts: Attempts) -> int:
+    """Return which attempt (1-based) the progress record is about (0: none)."""
+    if not progress:
+        return 0
+    if "attempt" in progress:
+        return _int(progress.get("attempt"))
+    ids = [batch_id for batch_id, _ in attempts]
+    batch_id = str(progress.get("batch_id") or "")
+    return ids.index(batch_id) + 1 if batch_id in ids else len(attempts)
+
+
+def _tally(row: ChunkRow, attempts: Attempts, progress: Mapping[str, Any], sensor: TaskRecord) -> None:
+    """Count the chunk's lines over all its attempts, each line once, at its latest batch."""
+    live = _live_attempt(progress, attempts)
+
+    def counts(k: int) -> tuple[int, int, int]:  # attempt k (1-based): its end state, else the last poll of it
+        state = attempts[k - 1][1]
+        return _counts(state, True) if state is not None else _counts(progress if live == k else None, False)
+
+    finished = sensor.state == "success"
+    sent = row.num_requests  # the lines attempt k sent (attempt 1: the whole chunk)
+    for k in range(1, len(attempts) + 1):
+        total, ok, ko = counts(k)
+        if k == 1 or not total:  # the lines we sent; a batch reports total 0 until it is validated
+            total = sent or total
+        row.succeeded += ok
+        if k < len(attempts):  # a later attempt exists: what failed here was sent again or is final
+            record = sensor.errors.get(k) or {}
+            resent = _int(record["resent"]) if "resent" in record else (counts(k + 1)[0] or total - ok)
+            row.failed += max(0, total - ok - resent)
+            sent = resent
+        elif attempts[k - 1][1] is not None and finished:
+            row.failed += max(0, total - ok)
+        else:  # running, or ended and being sorted by the sensor
+            row.judging += ko
+            row.retrying += max(0, total - ok - ko) if k > 1 else 0
 
 
 def _apply_sensor(row: ChunkRow, sensor: TaskRecord) -> None:
@@ -152,11 +271,17 @@ def _apply_sensor(row: ChunkRow, sensor: TaskRecord) -> None:
     progress = sensor.progress if isinstance(sensor.progress, Mapping) else {}
     if progress:
         row.provider_status = str(progress.get("provider_status") or "")
-        row.completed, row.failed = _int(progress.get("completed")), _int(progress.get("failed"))
-        row.total = _int(progress.get("total"))
-        row.batch_id = str(progress.get("batch_id") or row.batch_id)
         row.console_url = str(progress.get("console_url") or row.console_url)
-    row.attempts = _attempt_ids(sensor) or row.attempts
+    attempts = _attempts(sensor)
+    row.succeeded = row.failed = row.judging = row.retrying = 0
+    _tally(row, attempts, progress, sensor)
+    row.attempts = [batch_id for batch_id, _ in attempts if batch_id] or row.attempts
+    row.batch_id = row.attempts[0] if row.attempts else row.batch_id
+    row.errors = from_attempts(sensor.errors[k] for k in sorted(sensor.errors))
+    wait = (_mapping(sensor.checkpoint) or {}).get("token_wait")
+    if isinstance(wait, Mapping) and wait and sensor.state in LIVE_TI_STATES:
+        row.phase = "wait: the provider's token budget is full; the same lines go again"
+        row.errors.insert(0, ErrorKind(TOKEN_LIMIT_KIND, row.total - row.done, final=False))
     if sensor.state not in LIVE_TI_STATES:
         row.ended = sensor.end_date
 

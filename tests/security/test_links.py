@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_batch_provider.ui.pages import safe_link
+from airflow_batch_provider.ui.links import safe_link
 
 pytestmark = pytest.mark.security
 

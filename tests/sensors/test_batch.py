@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_batch_provider.exceptions import (
     BatchCancelledError,
@@ -116,12 +116,14 @@ def test_execute_complete_raises_typed_errors(status, provider_status, error):
     assert info.value.state["status"] == status.value
 
 
-def test_a_cancel_by_someone_else_says_so():
+def test_a_cancel_by_someone_else_says_so_and_is_not_retried():
+    """A cancel is a decision: the error is an AirflowFailException, so Airflow does not burn the retries."""
     batch = {"batch_id": "batch_1", "provider": "openai", "label": "c"}
-    with pytest.raises(BatchCancelledError, match="someone else, not by this pipeline"):
+    with pytest.raises(BatchCancelledError, match="someone else, not by this pipeline") as info:
         _sensor(batch).execute_complete(
             make_context(), {"status": "success", "state": _state(BatchStatus.CANCELLED, "cancelled")}
         )
+    assert isinstance(info.value, AirflowFailException)
 
 
 def test_expiry_is_not_an_error_any_more():

@@ -43,7 +43,10 @@ def test_a_chunk_not_yet_polled_shows_its_batch_and_a_follow_up_shows_in_attempt
         ],
     )  # fmt: skip
     first, second = view.chunks
-    assert (first.batch_id, first.completed, first.total, first.console_url) == ("b1", 0, 0, "")
-    assert (second.completed, second.failed, second.total, second.console_url) == (4, 1, 10, "https://console/b2")
+    assert (first.batch_id, first.done, first.waiting, first.total, first.console_url) == ("b1", 0, 10, 10, "")
+    # b2 answered 4 and failed 1 of 10 at its last poll; the checkpoint says a follow-up went out:
+    # with no failure record yet, its 6 unfinished lines count as being retried, none as final.
+    assert (second.succeeded, second.failed, second.retrying, second.total) == (4, 0, 6, 10)
+    assert second.console_url == "https://console/b2"
     assert second.followups == ["b2-retry"] and second.phase == "wait: deferred"
     assert view.requests == 20 and view.completed == 4 and view.live

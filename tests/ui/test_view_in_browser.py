@@ -2,8 +2,10 @@
 
 A headless Chromium logs in to the Airflow UI, opens the view's tab on a finished run of the example
 DAG (one row per chunk, the right counts), follows the provider link and the run report, and watches
-the progress bar of a live run move on a slow emulator. Screenshots go to the test's tmp folder;
-assertions read the DOM, never pixels. The endpoints refuse a caller without a valid Airflow token.
+the progress bar of a live run move on a slow emulator. A run with line errors and follow-up batches
+shows its failures with example row ids before the merge, then done == requests for every chunk, and
+never scrolls sideways at 1280 px. Screenshots go to the test's tmp folder; assertions read the DOM,
+never pixels. The endpoints refuse a caller without a valid Airflow token.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def test_view_shows_each_chunk_and_links_to_the_provider_and_the_report(
     assert driver.find_element(By.CSS_SELECTOR, "[data-testid=total-rows] b").text == f"{ROWS:,}"
     assert driver.find_element(By.CSS_SELECTOR, "[data-testid=status-succeeded] b").text == f"{ROWS:,}"
     assert driver.find_element(By.CSS_SELECTOR, "[data-testid=run-state]").text == "success"
-    statuses = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#chunks td.status")]
+    statuses = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#chunks span.status")]
     assert statuses == ["completed"] * CHUNKS
 
     # The provider console link: the hooks give one only for the providers' own API hosts, so on the
@@ -185,11 +187,98 @@ def test_progress_bar_moves_while_the_run_is_live(ui_deployment: Deployment, bro
         driver.save_screenshot(str(tmp_path / "live.png"))
         assert all(values == sorted(values) for values in seen.values()), seen
         assert driver.execute_script("return window.__notReloaded === true")  # refreshed in place
-        bar = driver.find_element(By.CSS_SELECTOR, "#chunks tr.chunk .bar .ok").get_attribute("style")
-        assert "width" in bar
+        widths = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#chunks tr.chunk .meter rect.ok')).map(r => +r.getAttribute('width'))"
+        )
+        assert any(0 < width < 100 for width in widths), widths  # a bar part way, drawn without inline style
         assert driver.find_element(By.CSS_SELECTOR, "[data-testid=run-state]").text == "running"
     assert ui_deployment.wait_for_run(DAG_ID, run_id, timeout=300) == "success"
     WebDriverWait(driver, 30).until(
         ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[data-testid=run-state]"), "success")
     )
     assert sum(r["completed"] for r in _rows(driver)) == rows
+
+
+_NO_SIDE_SCROLL = "return document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+
+
+def _waits(deployment: Deployment, run_id: str) -> list[dict[str, Any]]:
+    """The run's wait task instances through the public REST API (state and the label Airflow shows)."""
+    url = f"{deployment.api_url}/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances?task_id=wait&limit=100"
+    response = httpx.get(url, headers=deployment._headers(), timeout=30)
+    response.raise_for_status()
+    return [ti for ti in response.json()["task_instances"] if ti["task_id"] == "wait"]
+
+
+def test_counts_span_follow_up_batches_and_failures_show_before_the_merge(
+    ui_deployment: Deployment, browser: Any, tmp_path: Path
+) -> None:
+    """Issue 27: a run with line errors and follow-up batches, watched live and after the merge.
+
+    5 % of the lines are invalid (final, a 400) and 10 % hit a server error (resent in follow-up
+    batches); each batch spends ~12 s in progress. While a follow-up runs, before the merge, the view
+    lists the final failures with example row ids and a next step. Once the run is over each chunk's
+    done / total is its request count (all batches counted, each line once), and neither the page
+    nor the Airflow UI tab that frames it scrolls sideways at 1280 px.
+    """
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver, run_id = browser, "ui_line_errors"
+    if not any(c["name"] == "_token" for c in driver.get_cookies()):
+        _login(driver, ui_deployment)
+    conf = {**_conf(ui_deployment, run_id, ROWS), "max_failure_ratio": None}
+    with ui_deployment.faults(seed=27, invalid_line_rate=0.05, line_error_rate=0.1, slow=12):
+        ui_deployment.trigger(DAG_ID, run_id, conf)
+        driver.get(f"{ui_deployment.api_url}/llm-batches/runs/{DAG_ID}/{run_id}")
+        final_ids = "#chunks tr.chunk-errors li[data-final='1'] .ids code"
+        WebDriverWait(driver, 240, poll_frequency=0.5).until(lambda d: d.find_elements(By.CSS_SELECTOR, final_ids))
+        driver.save_screenshot(str(tmp_path / "live-failures.png"))
+        assert driver.find_element(By.CSS_SELECTOR, "[data-testid=run-state]").text == "running"
+        assert not driver.find_elements(By.ID, "report-link")  # the merge has not run
+        kinds = driver.find_elements(By.CSS_SELECTOR, "#error-kinds tbody tr[data-final='1']")
+        assert kinds and "invalid_request_error" in kinds[0].text and "fix these rows" in kinds[0].text
+        assert driver.find_elements(By.CSS_SELECTOR, "#chunks code.followup"), "no follow-up batch shown"
+        assert driver.execute_script(_NO_SIDE_SCROLL)
+        waits = _waits(ui_deployment, run_id)  # item 6: a wait task is named once it runs, not only once deferred
+        started = [ti for ti in waits if ti["state"] in ("running", "deferred", "success")]
+        assert started and all(ti["rendered_map_index"] for ti in started), waits
+        assert ui_deployment.wait_for_run(DAG_ID, run_id, timeout=300) == "success", ui_deployment.diagnostics()
+    WebDriverWait(driver, 30).until(
+        ec.text_to_be_present_in_element((By.CSS_SELECTOR, "[data-testid=run-state]"), "success")
+    )
+    driver.save_screenshot(str(tmp_path / "after-merge.png"))
+    rows = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#chunks tr.chunk')).map(function (tr) {"
+        " return {done: +tr.dataset.done, total: +tr.dataset.total, failed: +tr.dataset.failed,"
+        " batches: +tr.querySelector('td.batches').dataset.batches}; });"
+    )
+    assert [(r["done"], r["total"]) for r in rows] == [(CHUNK_SIZE, CHUNK_SIZE)] * CHUNKS, rows
+    assert all(r["batches"] >= 2 for r in rows), rows  # every chunk needed a follow-up
+    failed = int(driver.find_element(By.CSS_SELECTOR, "[data-testid=total-failed] b").text.replace(",", ""))
+    assert failed == sum(r["failed"] for r in rows) > 0  # the merge agrees with the chunks' own counts
+    assert driver.find_elements(By.CSS_SELECTOR, "#error-kinds td.ids code")  # example ids after the merge too
+    assert driver.execute_script(_NO_SIDE_SCROLL)
+
+    # The same page inside the Airflow UI's run tab (narrower: the UI's navigation takes its share).
+    driver.get(f"{ui_deployment.api_url}/dags/{DAG_ID}/runs/{run_id}/plugin/llm-batches-run")
+    frame = WebDriverWait(driver, 60).until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, "iframe[src*='/llm-batches/runs/']"))
+    )
+    assert driver.execute_script(_NO_SIDE_SCROLL)
+    driver.switch_to.frame(frame)
+    WebDriverWait(driver, 60).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#chunks tr.chunk")))
+    assert driver.execute_script(_NO_SIDE_SCROLL)
+    driver.switch_to.default_content()
+    driver.save_screenshot(str(tmp_path / "run-tab-line-errors.png"))
+
+    # The runs list: progress, failed and cost columns.
+    driver.get(f"{ui_deployment.api_url}/llm-batches/")
+    row = driver.find_element(By.XPATH, f"//table[@id='runs']//tr[td/a[text()='{run_id}']]")
+    progress = row.find_element(By.CSS_SELECTOR, "td.progress")
+    assert progress.get_attribute("data-done") == progress.get_attribute("data-total") == str(ROWS)
+    assert row.find_element(By.CSS_SELECTOR, "td.failed").text == f"{failed:,}"
+    assert row.find_element(By.CSS_SELECTOR, "td.cost").text.startswith("$")
+    assert driver.execute_script(_NO_SIDE_SCROLL)
+    driver.save_screenshot(str(tmp_path / "runs.png"))

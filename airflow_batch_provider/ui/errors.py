@@ -1,0 +1,139 @@
+"""Failure kinds for the "LLM batches" view: counts, example row ids, and the next step for each kind.
+
+Two sources, both small XComs: while the run is live, the sensor's record of each ended attempt
+(:func:`airflow_batch_provider.progress.attempt_errors`: kinds as ``status/code: message``, a
+``final`` flag, a few custom_ids); once the merge ran, its summary (``top_errors``,
+``error_examples``, ``truncated_rows``), which is the final word for the whole run. Every value
+is read defensively: an XCom is data anyone with write access to it could have shaped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_batch_provider.batches.line_retry import is_final_error_code
+
+EXAMPLES = 3
+TOP_KINDS = 5
+TRUNCATED_KIND = "truncated: answer cut off at max_tokens (finish_reason=length)"
+
+_AUTH_CODES = frozenset(
+    {"authentication_error", "permission_error", "invalid_api_key", "http_401", "http_403", "insufficient_quota"}
+)
+
+
+@dataclass
+class ErrorKind:
+    """One kind of failure: how many lines, whether it is final, a few row ids, and what to do."""
+
+    kind: str
+    count: int = 0
+    final: bool = True
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def hint(self) -> str:
+        """The one-line next step for this kind."""
+        return next_step(self.kind, self.final)
+
+
+def _code(kind: str) -> tuple[str, str]:
+    """Return (status, code) of a ``status/code: message`` kind."""
+    head = kind.split(":", 1)[0].strip()
+    status, _, code = head.partition("/")
+    return status.strip().lower(), code.strip().lower().replace("http ", "http_")
+
+
+def next_step(kind: str, final: bool) -> str:
+    """Return what a person should do about lines that failed this way (one sentence)."""
+    status, code = _code(kind)
+    text = kind.lower()
+    if status == "truncated" or "max_tokens" in text or "finish_reason=length" in text:
+        return "Answers were cut off: raise max_tokens in request_params, then clear this chunk's submit task."
+    if "token_limit_exceeded" in text:
+        return (
+            "The provider's enqueued-token budget is full: the sensor waits and resubmits; "
+            "lower chunk_size or set token_budget."
+        )
+    if code in _AUTH_CODES:
+        return "Check the connection's API key and its access to the model, then clear the submit task."
+    if not final:
+        return "Passing failure: these lines are sent again in a follow-up batch (max_line_retries); nothing to do."
+    if status in ("expired", "missing", "canceled") or (code and not is_final_error_code(code)):
+        return (
+            "Still failing after the last follow-up: clear the wait task to send them again, or raise max_line_retries."
+        )
+    if status == "invalid_output":
+        return "The answer did not match the schema: check the schema and the prompt (or raise max_tokens)."
+    if "invalid_request" in code or code in ("http_400", "http_404", "http_413", "http_422"):
+        return "The request is invalid: fix these rows in the input (see the ids), then clear the chunk's submit task."
+    return "See the error column of these rows in the output, or the batch in the provider console."
+
+
+def _text(value: Any, limit: int = 300) -> str:
+    return str(value)[:limit]
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _ids(value: Any) -> list[str]:
+    if not isinstance(value, list | tuple):
+        return []
+    return [_text(v, 120) for v in value[:EXAMPLES]]
+
+
+def from_attempts(records: Iterable[Mapping[str, Any]]) -> list[ErrorKind]:
+    """Return the failure kinds of a chunk's attempt records, most lines first.
+
+    A kind that was retryable in one attempt and is still there in a later one counts in both:
+    each attempt's lines are distinct sends. A kind is final when any attempt said so.
+    """
+    kinds: dict[str, ErrorKind] = {}
+    for record in records:
+        for item in record.get("kinds") or ():
+            if not isinstance(item, Mapping):
+                continue
+            name = _text(item.get("kind") or "unknown")
+            kind = kinds.setdefault(name, ErrorKind(name, final=False))
+            kind.count += _count(item.get("count"))
+            kind.final = kind.final or bool(item.get("final"))
+            kind.examples.extend(i for i in _ids(item.get("examples")) if i not in kind.examples)
+            del kind.examples[EXAMPLES:]
+    return sorted(kinds.values(), key=lambda k: (not k.final, -k.count, k.kind))
+
+
+def merge_kinds(groups: Iterable[Iterable[ErrorKind]]) -> list[ErrorKind]:
+    """Add up chunks' kinds into the run's, the top :data:`TOP_KINDS` first."""
+    total: dict[str, ErrorKind] = {}
+    for kinds in groups:
+        for kind in kinds:
+            into = total.setdefault(kind.kind, ErrorKind(kind.kind, final=False))
+            into.count += kind.count
+            into.final = into.final or kind.final
+            into.examples.extend(i for i in kind.examples if i not in into.examples)
+            del into.examples[EXAMPLES:]
+    return sorted(total.values(), key=lambda k: (not k.final, -k.count, k.kind))[:TOP_KINDS]
+
+
+def from_summary(summary: Mapping[str, Any]) -> list[ErrorKind]:
+    """Return the run's failure kinds from the merge summary (final: the merge is over)."""
+    found = summary.get("error_examples")
+    examples: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    kinds = []
+    for entry in summary.get("top_errors") or ():
+        if isinstance(entry, list | tuple) and len(entry) == 2:
+            name = _text(entry[0])
+            kinds.append(ErrorKind(name, _count(entry[1]), True, _ids(examples.get(name))))
+    # Cut-off answers of every status; shown on their own unless a top kind already names them.
+    if _count(summary.get("truncated_rows")) and not any("truncated" in k.kind for k in kinds):
+        kinds.append(
+            ErrorKind(TRUNCATED_KIND, _count(summary["truncated_rows"]), True, _ids(summary.get("truncated_examples")))
+        )
+    return kinds

@@ -1,0 +1,173 @@
+"""The tables of the "LLM batches" view: chunks over all their batches, failure kinds, the runs list's columns.
+
+Every value is escaped for both text and attributes (``html.escape(..., quote=True)``), there is
+no inline script, no event handler and no inline style (the bars are SVG with width attributes),
+and no link: the page works under a Content-Security-Policy without scripts. Tables use a fixed
+layout that wraps long ids, so the page fits a 1280 px window.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from html import escape
+from typing import Any
+
+from airflow_batch_provider.ui.errors import ErrorKind
+from airflow_batch_provider.ui.links import safe_link
+from airflow_batch_provider.ui.model import ChunkRow, RunView
+
+# Bar colours as SVG presentation attributes (not CSS): they need no style-src.
+_OK, _KO, _RETRY = "#2e7d32", "#c62828", "#f9a825"
+RUN_COLUMNS = "<th>progress</th><th>failed</th><th>cost</th>"
+_CHUNK_HEAD = (
+    '<table id="chunks" class="fit"><thead><tr><th>chunk</th><th>progress (done / requests)</th><th>succeeded</th>'
+    "<th>failed for good</th><th>being retried</th><th>batches (first, then follow-ups)</th>"
+    "<th>status</th><th>elapsed</th></tr></thead><tbody>"
+)
+# Rules for these tables, appended to the page's style sheet (no style attribute anywhere). Fixed
+# layout with set column widths; every cell may wrap, ids anywhere, so nothing pushes the page wider.
+STYLE = (
+    "table.fit{table-layout:fixed;width:100%} table.fit td{white-space:normal;overflow-wrap:anywhere}"
+    "table.fit th{white-space:normal;overflow-wrap:break-word;hyphens:auto}"
+    "svg.meter{display:block;width:100%;height:12px} td.batches code{display:block;font-size:11px}"
+    "tr.chunk-errors td{border-bottom:1px solid #e4e7eb;padding-top:0} ul.errors{margin:0;padding-left:18px}"
+    "ul.errors li,#error-kinds td{font-size:12px} .hint{color:#8a4b00} .ids code{background:#f5f7fa}"
+    "h2{font-size:16px;margin:18px 0 6px} p.note{font-size:12px;margin:4px 0}"
+    + "".join(
+        f"#{table} th:nth-child({i}){{width:{width}%}}"
+        for table, widths in (("chunks", (13, 15, 10, 8, 8, 28, 10, 8)), ("error-kinds", (7, 33, 8, 20, 32)))
+        for i, width in enumerate(widths, 1)
+    )
+)
+
+
+def _e(value: Any) -> str:
+    return escape(str(value), quote=True)
+
+
+def _n(value: int) -> str:
+    return _e(f"{value:,}")
+
+
+def _elapsed(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def bar(ok: float, ko: float, retry: float, title: str) -> str:
+    """Return a stacked bar (succeeded, failed, being retried; percentages) as inline SVG."""
+    parts, x = [], 0.0
+    for name, width, colour in (("ok", ok, _OK), ("ko", ko, _KO), ("retry", retry, _RETRY)):
+        width = max(0.0, min(100.0 - x, width))
+        parts.append(f'<rect class="{name}" x="{x:.2f}" y="0" width="{width:.2f}" height="10" fill="{colour}"/>')
+        x += width
+    return (
+        '<svg class="meter" viewBox="0 0 100 10" preserveAspectRatio="none" width="100%" height="12" role="img">'
+        f'<title>{_e(title)}</title><rect x="0" y="0" width="100" height="10" fill="#e4e7eb"/>{"".join(parts)}</svg>'
+    )
+
+
+def _batches(row: ChunkRow) -> str:
+    href = safe_link(row.console_url)  # https:, or http: to loopback (the emulator); never javascript: & co
+    if href:
+        first = f'<a class="console" target="_blank" rel="noopener noreferrer" href="{_e(href)}">'
+        first += f"{_e(row.batch_id)}</a>"
+    else:
+        first = f"<code class='batch'>{_e(row.batch_id or '-')}</code>"
+    follow = "".join(f"<code class='followup'>+\u00a0{_e(b)}</code>" for b in row.followups)
+    return f"<td class='batches' data-batches='{len(row.attempts)}'>{first}{follow}</td>"
+
+
+def _chunk_row(row: ChunkRow, now: float, selected: tuple[str, int] | None) -> str:
+    ok, ko, retry = row.percent()
+    title = (
+        f"{row.succeeded:,} succeeded, {row.failed:,} failed for good, {row.retrying:,} in follow-up batches, "
+        f"{row.judging:,} failed in a batch being checked, {row.waiting:,} waiting, of {row.total:,}"
+    )
+    chosen = " selected" if selected is not None and selected in (row.submit_task, row.sensor_task) else ""
+    attrs = {
+        "data-chunk": row.key[1], "data-done": row.done, "data-total": row.total, "data-completed": row.succeeded,
+        "data-failed": row.failed, "data-retrying": row.retrying + row.judging, "data-waiting": row.waiting,
+    }  # fmt: skip
+    data = " ".join(f'{name}="{_e(value)}"' for name, value in attrs.items())
+    status = _e(row.provider_status or "-")
+    return (
+        f'<tr class="chunk{chosen}" {data}><td>{_e(row.label)}</td>'
+        f"<td>{bar(ok, ko, retry, title)}<span class='muted counts'>{_n(row.done)} / {_n(row.total)}</span></td>"
+        f"<td class='n'>{_n(row.succeeded)}</td><td class='n failed'>{_n(row.failed)}</td>"
+        f"<td class='n retrying'>{_n(row.retrying + row.judging)}</td>{_batches(row)}"
+        f"<td><span class='status'>{status}</span><br><span class='muted phase'>{_e(row.phase)}</span></td>"
+        f"<td class='n'>{_e(_elapsed(row.elapsed_s(now)))}</td></tr>{_chunk_errors(row)}"
+    )
+
+
+def _kind_item(kind: ErrorKind) -> str:
+    ids = ", ".join(f"<code>{_e(i)}</code>" for i in kind.examples)
+    final = "failed for good" if kind.final else "sent again"
+    return (
+        f'<li data-count="{_e(kind.count)}" data-final="{1 if kind.final else 0}"><b>{_n(kind.count)}</b> '
+        f"<span class='kind'>{_e(kind.kind)}</span> <span class='muted'>({_e(final)})</span>"
+        f"{f' <span class=ids>rows: {ids}</span>' if ids else ''}<br><span class='hint'>{_e(kind.hint)}</span></li>"
+    )
+
+
+def _chunk_errors(row: ChunkRow) -> str:
+    if not row.errors:
+        return ""
+    items = "".join(_kind_item(kind) for kind in row.errors)
+    head = f'<tr class="chunk-errors" data-chunk="{_e(row.key[1])}"><td colspan="8">'
+    return f'{head}<ul class="errors">{items}</ul></td></tr>'
+
+
+def chunk_table(view: RunView, now: float | None = None, selected: tuple[str, int] | None = None) -> str:
+    """Return the chunk table: one row per chunk, and under it what failed with a next step."""
+    now = time.time() if now is None else now
+    note = (
+        "<p class='muted note'>Chunk counts are what the provider reported for each batch; the merge's totals "
+        "above also count the answers it rejected (cut off, not valid JSON).</p>"
+        if view.summary
+        else ""
+    )
+    return _CHUNK_HEAD + "".join(_chunk_row(row, now, selected) for row in view.chunks) + "</tbody></table>" + note
+
+
+def errors_panel(view: RunView) -> str:
+    """Return the run's top failure kinds, with example row ids and the next step for each."""
+    kinds = view.errors
+    if not kinds:
+        return ""
+    source = "from the merge (final)" if view.summary else "so far, from the batches that ended (before the merge)"
+    rows = "".join(
+        f'<tr data-final="{1 if k.final else 0}"><td class="n">{_n(k.count)}</td><td class="kind">{_e(k.kind)}</td>'
+        f"<td>{_e('for good' if k.final else 'sent again')}</td>"
+        f"<td class='ids'>{', '.join(f'<code>{_e(i)}</code>' for i in k.examples) or '-'}</td>"
+        f"<td class='hint'>{_e(k.hint)}</td></tr>"
+        for k in kinds
+    )
+    return (
+        f"<h2>What failed, and what to do</h2><p class='muted'>Top failure kinds {_e(source)}.</p>"
+        '<table id="error-kinds" class="fit"><thead><tr><th>lines</th><th>failure</th><th>status</th>'
+        "<th>example row ids</th><th>next step</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
+
+
+def run_cells(run: Mapping[str, Any]) -> str:
+    """Return the runs list's progress, failed and cost cells of one run (``run["view"]``: its RunView)."""
+    view = run.get("view")
+    if not isinstance(view, RunView) or not view.chunks:
+        return "<td class='progress'>-</td><td class='n failed'>-</td><td class='n cost'>-</td>"
+    total = view.requests
+    done = view.done
+    ok, ko, retry = (100.0 * v / total if total else 0.0 for v in (view.completed, view.failed, view.retrying))
+    cost, actual = view.cost_usd
+    cost_text = "-" if cost is None else f"${cost:,.4f}" + ("" if actual else " (estimate)")
+    return (
+        f"<td class='progress' data-done='{_e(done)}' data-total='{_e(total)}'>"
+        f"{bar(ok, ko, retry, f'{done:,} of {total:,} done')}<span class='muted'>{_n(done)} / {_n(total)}</span></td>"
+        f"<td class='n failed'>{_n(view.failed)}</td><td class='n cost'>{_e(cost_text)}</td>"
+    )
