@@ -12,10 +12,12 @@ MAX_COST_USD ?=
 # The emulator (emulator/, its own distribution) and the provider in one pip command: the provider's test
 # extra names airflow-batch-emulator, which no index serves. The rm: metadata an older checkout's install
 # left in the root, on sys.path, where Airflow saw the provider twice (now inside the package: setup.cfg).
+# -qq: pip's errors only; a machine's pip configuration can print hundreds of warnings (one per index
+# folder it lacks) that would drown `make demo`'s own output.
 $(VENV)/.installed: pyproject.toml emulator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e ./emulator -e '.[dev]'
+	$(PY) -m pip install -qq --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -qq --disable-pip-version-check -e ./emulator -e '.[dev]'
 	rm -rf airflow_batch_provider.egg-info
 	touch $@
 
