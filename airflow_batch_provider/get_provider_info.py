@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_batch_provider import __version__
+from airflow_batch_provider.backends.gemini.connection import CONNECTION_TYPE as GEMINI_CONNECTION
 
 _OPENAI_FIELDS: dict[str, Any] = {
     "organization": {
@@ -99,7 +100,8 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-batch-provider",
         "name": "LLM Batch Inference",
-        "description": "Batch LLM inference through provider batch APIs (OpenAI, Anthropic, Amazon Bedrock) "
+        "description": "Batch LLM inference through provider batch APIs (OpenAI, Anthropic, Amazon Bedrock, "
+        "Google Gemini) "
         "and self-hosted vLLM.",
         "versions": [__version__],
         "integrations": [
@@ -119,6 +121,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_batch_provider.hooks.bedrock_batch",
                     "airflow_batch_provider.hooks.openai_compatible",
                     "airflow_batch_provider.hooks.local_results",
+                    "airflow_batch_provider.backends.gemini.hook",
                 ],
             }
         ],
@@ -193,5 +196,6 @@ def get_provider_info() -> dict[str, Any]:
                 },
                 "conn-fields": _OPENAI_COMPATIBLE_FIELDS,
             },
+            GEMINI_CONNECTION,
         ],
     }

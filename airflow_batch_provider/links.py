@@ -26,6 +26,8 @@ CONSOLES: dict[str, tuple[tuple[str, ...], str]] = {
         "https://platform.openai.com/batches/{batch_id}",
     ),
     "anthropic": (("api.anthropic.com",), "https://console.anthropic.com/workspaces/default/batches/{batch_id}"),
+    # Gemini Developer API batches (batch_id without its "batches/" prefix).
+    "gemini": (("generativelanguage.googleapis.com",), "https://aistudio.google.com/batches/{batch_id}"),
 }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from airflow_batch_provider.backends.gemini import limits as _gemini_limits
+
 MB = 1024 * 1024
 
 
@@ -57,8 +59,11 @@ BEDROCK_LIMITS = ProviderLimits(
     min_requests=100,
 )
 
+# Google's Gemini Batch API: the backend's own data (backends/gemini/limits.py imports nothing).
+GEMINI_LIMITS = ProviderLimits(**_gemini_limits.LIMIT_FIELDS)  # type: ignore[arg-type]
+
 PROVIDER_LIMITS: dict[str, ProviderLimits] = {
-    lim.provider: lim for lim in (OPENAI_LIMITS, ANTHROPIC_LIMITS, BEDROCK_LIMITS)
+    lim.provider: lim for lim in (OPENAI_LIMITS, ANTHROPIC_LIMITS, BEDROCK_LIMITS, GEMINI_LIMITS)
 }
 
 

@@ -183,16 +183,25 @@ class BedrockRenderer(RequestRenderer):
         return {"custom_id": custom_id, "modelInput": model_input(self.spec, text)}
 
 
-_RENDERERS: dict[str, type[RequestRenderer]] = {
+_RENDERERS: dict[str, type[RequestRenderer] | str] = {
     "openai": OpenAIRenderer,
     "anthropic": AnthropicRenderer,
     "bedrock": BedrockRenderer,
+    # A backend package's renderer subclasses RequestRenderer: imported when used (no import cycle).
+    "gemini": "airflow_batch_provider.backends.gemini.render:GeminiRenderer",
 }
 
 
 def renderer_for(spec: RequestSpec) -> RequestRenderer:
     """Return the renderer for ``spec``'s provider."""
-    return _RENDERERS[spec.provider](spec)
+    renderer = _RENDERERS[spec.provider]
+    if isinstance(renderer, str):
+        import importlib
+
+        module, _, name = renderer.partition(":")
+        renderer = getattr(importlib.import_module(module), name)
+    assert isinstance(renderer, type)
+    return renderer(spec)
 
 
 def _split_once(blob: bytes, marker: bytes) -> tuple[bytes, bytes]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from airflow_batch_provider.backends.gemini.limits import GENERATE_CONTENT as GEMINI_ENDPOINT
 from airflow_batch_provider.chunking.bedrock_bodies import check_bedrock_params
 from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
 from airflow_batch_provider.chunking.validation import check_model_endpoint
@@ -26,14 +27,21 @@ EMBEDDINGS = "/v1/embeddings"
 COMPLETIONS = "/v1/completions"
 MESSAGES = "/v1/messages"
 BEDROCK_INVOKE = "/model/invoke"  # Bedrock batch jobs of modelInvocationType InvokeModel
+GEMINI_GENERATE = GEMINI_ENDPOINT  # Gemini batch lines: one GenerateContentRequest each
 
 #: Endpoints each provider's renderer can write, in the order error messages list them.
 SUPPORTED_ENDPOINTS: dict[str, tuple[str, ...]] = {
     "openai": (CHAT_COMPLETIONS, EMBEDDINGS, COMPLETIONS),
     "anthropic": (MESSAGES,),
     "bedrock": (BEDROCK_INVOKE,),
+    "gemini": (GEMINI_GENERATE,),
 }
-DEFAULT_ENDPOINTS: dict[str, str] = {"openai": CHAT_COMPLETIONS, "anthropic": MESSAGES, "bedrock": BEDROCK_INVOKE}
+DEFAULT_ENDPOINTS: dict[str, str] = {
+    "openai": CHAT_COMPLETIONS,
+    "anthropic": MESSAGES,
+    "bedrock": BEDROCK_INVOKE,
+    "gemini": GEMINI_GENERATE,
+}
 
 # Keys the renderer writes itself; a caller setting them in ``params`` is a mistake.
 _OPENAI_RESERVED = frozenset({"model", "messages", "input", "prompt", "stream"})
@@ -122,6 +130,10 @@ class RequestSpec:
             self._check_openai_params()
         elif self.provider == "bedrock":
             check_bedrock_params(self)
+        elif self.provider == "gemini":
+            from airflow_batch_provider.backends.gemini.render import check_gemini_params
+
+            check_gemini_params(self)
         else:
             self._check_anthropic_params()
         check_model_endpoint(self.model, endpoint)

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from airflow_batch_provider.backends.gemini.prices import GEMINI_PRICES
 from airflow_batch_provider.exceptions import InvalidInputError
 
 PRICING_FILE_ENV = "AIRFLOW_BATCH_PRICING_FILE"
@@ -42,7 +43,8 @@ PRICES_AS_OF = "2026-11-30"
 PRICES_SOURCE = (
     "OpenAI API pricing page (platform/developers.openai.com/api/docs/pricing) and Anthropic's "
     "pricing and model pages (platform.claude.com/docs/en/about-claude/pricing), Amazon Bedrock pricing "
-    "(aws.amazon.com/bedrock/pricing, us-east-1); standard tier, "
+    "(aws.amazon.com/bedrock/pricing, us-east-1), Gemini Developer API pricing (ai.google.dev/gemini-api/docs/pricing, "
+    "paid tier, prompts up to 200K tokens); standard tier, "
     "text tokens, short context, no prompt caching"
 )
 
@@ -80,6 +82,8 @@ _DEFAULTS: dict[str, tuple[str, float, float]] = {
     "amazon.nova-micro-v1:0": ("bedrock", 0.035, 0.14),
     "amazon.nova-lite-v1:0": ("bedrock", 0.06, 0.24),
     "amazon.nova-pro-v1:0": ("bedrock", 0.80, 3.20),
+    # Google Gemini (the backend's own price data)
+    **GEMINI_PRICES,
 }
 
 # What may follow a known name: a dated snapshot or an alias, nothing that names another model.
@@ -276,6 +280,8 @@ def _number(value: Any, source: str, model: str, key: str) -> float:
 def _guess_provider(model: str) -> str:
     if model.startswith("claude"):
         return "anthropic"
+    if model.startswith("gemini-"):
+        return "gemini"
     if model.startswith(("gpt-", "o1", "o3", "o4", "text-embedding", "chatgpt", "ft:")):
         return "openai"
     return "other"

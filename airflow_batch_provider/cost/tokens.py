@@ -159,7 +159,8 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     """Split a plain text, a JSONL line, a batch line dict or a request body into countable parts.
 
     Accepts an OpenAI batch line (``{custom_id, method, url, body}``), an Anthropic one
-    (``{custom_id, params}``), a Bedrock one (``{custom_id, modelInput}``), or a bare body with
+    (``{custom_id, params}``), a Bedrock one (``{custom_id, modelInput}``), a Gemini one
+    (``{custom_id, request}``), or a bare body with
     ``messages``, ``input`` or ``prompt``.
     """
     if isinstance(item, str):
@@ -167,14 +168,14 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     data: Any = orjson.loads(item) if isinstance(item, bytes | bytearray | memoryview) else item
     if not isinstance(data, Mapping):
         raise InvalidInputError(f"Cannot count tokens of a request that is a {type(data).__name__}, not an object.")
+    if isinstance(data.get("request"), Mapping):  # Gemini: {custom_id, request: GenerateContentRequest}
+        from airflow_batch_provider.backends.gemini.tokens import gemini_request_parts
+
+        return gemini_request_parts(data["request"])
     if isinstance(data.get("params"), Mapping):
         data, provider = data["params"], "anthropic"
-    elif isinstance(data.get("modelInput"), Mapping):  # Bedrock: Anthropic Messages or Nova messages-v1
-        data = data["modelInput"]
-        provider = "anthropic" if "anthropic_version" in data else provider
-        config = data.get("inferenceConfig")
-        if isinstance(config, Mapping) and isinstance(config.get("maxTokens"), int):
-            data = {**data, "max_tokens": config["maxTokens"]}
+    elif isinstance(data.get("modelInput"), Mapping):
+        data, provider = _bedrock_input(data["modelInput"], provider)
     elif isinstance(data.get("body"), Mapping):
         data = data["body"]
     max_output = next((data[k] for k in _OUTPUT_KEYS if isinstance(data.get(k), int)), None)
@@ -192,6 +193,15 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
         "Cannot find the text of a request: expected 'messages', 'input' or 'prompt' in its body, "
         f"got keys {sorted(data)}."
     )
+
+
+def _bedrock_input(data: Mapping[str, Any], provider: str) -> tuple[Mapping[str, Any], str]:
+    """Return a Bedrock ``modelInput`` (Anthropic Messages or Nova messages-v1) as a countable body."""
+    provider = "anthropic" if "anthropic_version" in data else provider
+    config = data.get("inferenceConfig")
+    if isinstance(config, Mapping) and isinstance(config.get("maxTokens"), int):
+        data = {**data, "max_tokens": config["maxTokens"]}
+    return data, provider
 
 
 def _chat_parts(data: Mapping[str, Any], provider: str, max_output: int | None) -> RequestParts:

@@ -19,6 +19,7 @@ BACKENDS: dict[str, str] = {
     "openai": "airflow_batch_provider.hooks.openai_batch:OpenAIBatchHook",
     "anthropic": "airflow_batch_provider.hooks.anthropic_batch:AnthropicBatchHook",
     "bedrock": "airflow_batch_provider.hooks.bedrock_batch:BedrockBatchHook",
+    "gemini": "airflow_batch_provider.backends.gemini.hook:GeminiBatchHook",
     # Self-hosted: the operator writes results as local files in the OpenAI output format.
     "vllm": "airflow_batch_provider.hooks.local_results:VLLMResultsHook",
     "server": "airflow_batch_provider.hooks.local_results:ServerResultsHook",

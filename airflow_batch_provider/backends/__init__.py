@@ -1,0 +1,1 @@
+"""Batch backends that live in one package each (see ``backends/gemini``)."""
