@@ -131,7 +131,7 @@ class RequestSpec:
         elif self.provider == "bedrock":
             check_bedrock_params(self)
         elif self.provider == "gemini":
-            from airflow_batch_provider.backends.gemini.render import check_gemini_params
+            from airflow_batch_provider.backends.gemini.params import check_gemini_params
 
             check_gemini_params(self)
         else:

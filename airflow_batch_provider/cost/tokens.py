@@ -171,7 +171,8 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     if isinstance(data.get("request"), Mapping):  # Gemini: {custom_id, request: GenerateContentRequest}
         from airflow_batch_provider.backends.gemini.tokens import gemini_request_parts
 
-        return gemini_request_parts(data["request"])
+        texts, cap, answer = gemini_request_parts(data["request"])
+        return RequestParts(texts, 0, cap, typical_answer=answer)
     if isinstance(data.get("params"), Mapping):
         data, provider = data["params"], "anthropic"
     elif isinstance(data.get("modelInput"), Mapping):

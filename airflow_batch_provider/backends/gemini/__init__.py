@@ -5,8 +5,9 @@ one line per registry (hook, renderer, limits, endpoint, prices, token parts, co
 connection type). What each module owns:
 
 - :mod:`.limits`: batch limits, key rules, the endpoint name and API version (plain data).
-- :mod:`.render`: request lines ``{custom_id, request: GenerateContentRequest}``, parameter checks,
-  structured output through ``responseMimeType`` + ``responseJsonSchema``.
+- :mod:`.params`: which ``params`` a request takes and their ``generationConfig`` names (checks).
+- :mod:`.render`: request lines ``{custom_id, request: GenerateContentRequest}``, structured
+  output through ``responseMimeType`` + ``responseJsonSchema``.
 - :mod:`.states`: ``JOB_STATE_*`` → :class:`~airflow_batch_provider.status.BatchStatus` (raises on
   an unknown state), SDK ``BatchJob`` → :class:`~airflow_batch_provider.status.BatchState`, which
   SDK errors are worth a retry.

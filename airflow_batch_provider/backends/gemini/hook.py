@@ -18,20 +18,26 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import suppress
+from dataclasses import replace
 from functools import cached_property
 from typing import Any, ClassVar
 
+import orjson
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_batch_provider.backends.gemini.limits import API_VERSION, PROVIDER
 from airflow_batch_provider.backends.gemini.results import parse_gemini_line
-from airflow_batch_provider.backends.gemini.states import classify_gemini_error, state_from_gemini
+from airflow_batch_provider.backends.gemini.states import (
+    classify_gemini_error,
+    counts_from_operation,
+    state_from_gemini,
+)
 from airflow_batch_provider.chunking.limits import GEMINI_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
 from airflow_batch_provider.links import console_url
-from airflow_batch_provider.status import BatchState
+from airflow_batch_provider.status import BatchState, RequestCounts
 from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries, call_with_retries
 from airflow_batch_provider.utils.storage import to_path
@@ -182,13 +188,18 @@ class GeminiBatchHook(BatchHook):
     ) -> list[BatchState]:
         """Find batches whose display name ends in ``[<idempotency_key>]`` (see :func:`display_name`)."""
         jobs = self.find_batches(f"[{idempotency_key}]")
-        return [state_from_gemini(job, total=chunk["num_requests"]) for job in jobs]
+        return [state_from_gemini(job, counts=RequestCounts(total=chunk["num_requests"])) for job in jobs]
 
     # -- wait and cancel -------------------------------------------------------------------------
     def get_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state."""
         job = self._call(f"status of batch {batch_id}", lambda: self.client.batches.get(name=batch_id))
-        return state_from_gemini(job)
+        state = state_from_gemini(job)
+        if not state.status.is_terminal:
+            return state
+        # The SDK's BatchJob has no batchStats for the Developer API: read the same resource raw, once, at the end.
+        raw = self._call(f"counts of batch {batch_id}", lambda: self.client._api_client.request("get", batch_id, {}))
+        return replace(state, counts=counts_from_operation(orjson.loads(raw.body or "{}")))
 
     async def aget_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state using the async client."""
@@ -199,7 +210,16 @@ class GeminiBatchHook(BatchHook):
             classify=classify_gemini_error,
             policy=self.retry_policy,
         )
-        return state_from_gemini(job)
+        state = state_from_gemini(job)
+        if not state.status.is_terminal:
+            return state
+        raw = await acall_with_retries(
+            lambda: client._api_client.async_request("get", batch_id, {}),
+            what=f"counts of batch {batch_id}",
+            classify=classify_gemini_error,
+            policy=self.retry_policy,
+        )
+        return replace(state, counts=counts_from_operation(orjson.loads(raw.body or "{}")))
 
     def cancel(self, batch_id: str) -> BatchState:
         """Ask Gemini to cancel the batch (the SDK's cancel answers nothing), then return its state."""

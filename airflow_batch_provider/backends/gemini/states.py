@@ -54,12 +54,29 @@ def _epoch(value: Any) -> float | None:
     return float(value.timestamp())
 
 
-def state_from_gemini(job: Any, *, total: int = 0) -> BatchState:
-    """Build a :class:`BatchState` from an SDK ``BatchJob`` (``total``: the requests sent, when known).
+def counts_from_operation(operation: Any) -> RequestCounts:
+    """Read ``metadata.batchStats`` of a batch's raw ``Operation`` JSON (int64 counts come as strings).
 
-    The SDK's ``BatchJob`` carries no request counts for the Developer API, so a finished batch
-    reports what was sent as its total; how many succeeded is known once its results are read.
+    The SDK's ``BatchJob`` leaves these counts out for the Developer API; line retries need them
+    to notice lines with no result at all. Missing or malformed counts read as 0.
     """
+    metadata = operation.get("metadata") if isinstance(operation, dict) else None
+    stats = metadata.get("batchStats") if isinstance(metadata, dict) else None
+    stats = stats if isinstance(stats, dict) else {}
+
+    def number(key: str) -> int:
+        try:
+            return max(0, int(stats.get(key) or 0))
+        except (TypeError, ValueError):
+            return 0
+
+    return RequestCounts(
+        total=number("requestCount"), completed=number("successfulRequestCount"), failed=number("failedRequestCount")
+    )
+
+
+def state_from_gemini(job: Any, *, counts: RequestCounts | None = None) -> BatchState:
+    """Build a :class:`BatchState` from an SDK ``BatchJob`` (``counts`` from :func:`counts_from_operation`)."""
     status = map_gemini_state(job.state, job.name)
     dest = getattr(job, "dest", None)
     error = getattr(job, "error", None)
@@ -71,7 +88,7 @@ def state_from_gemini(job: Any, *, total: int = 0) -> BatchState:
         provider=PROVIDER,
         status=status,
         provider_status=state_name(job.state),
-        counts=RequestCounts(total=total),
+        counts=counts or RequestCounts(),
         output_file_id=getattr(dest, "file_name", None) if dest is not None else None,
         errors=errors,
         created_at=_epoch(job.create_time),

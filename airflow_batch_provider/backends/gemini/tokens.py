@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 
 from airflow_batch_provider.cost.answers import typical_answer
-from airflow_batch_provider.cost.tokens import RequestParts
 
 
 def _texts(content: Any, pieces: list[str]) -> None:
@@ -33,8 +32,12 @@ def _typical(schema_json: str) -> str | None:
     return typical_answer(schema) if isinstance(schema, Mapping) else None
 
 
-def gemini_request_parts(request: Mapping[str, Any]) -> RequestParts:
-    """Return the countable parts of one ``GenerateContentRequest``."""
+def gemini_request_parts(request: Mapping[str, Any]) -> tuple[tuple[str, ...], int | None, str | None]:
+    """Return (text pieces, output cap, typical answer) of one ``GenerateContentRequest``.
+
+    :func:`airflow_batch_provider.cost.tokens.request_parts` turns them into its ``RequestParts``
+    (this module imports nothing of it, so neither imports the other at load time).
+    """
     pieces: list[str] = []
     _texts(request.get("systemInstruction"), pieces)
     for content in request.get("contents") or ():
@@ -48,9 +51,5 @@ def gemini_request_parts(request: Mapping[str, Any]) -> RequestParts:
         schema_json = orjson.dumps(schema).decode()
         pieces.append(schema_json)
         answer = _typical(schema_json)
-    return RequestParts(
-        tuple(pieces),
-        0,
-        max_output if isinstance(max_output, int) and not isinstance(max_output, bool) else None,
-        typical_answer=answer,
-    )
+    cap = max_output if isinstance(max_output, int) and not isinstance(max_output, bool) else None
+    return tuple(pieces), cap, answer
