@@ -36,6 +36,7 @@ DAG_IDS = {
     "openai": "nightly_product_classification",
     "anthropic": "nightly_product_classification",
     "bedrock": "nightly_product_classification",
+    "gemini": "nightly_product_classification",
     # Self-hosted server mode: the emulator's realtime routes stand in for `vllm serve`.
     "server": "self_hosted_vllm",
 }
@@ -55,6 +56,8 @@ def _env(home: Path, data_dir: Path) -> dict[str, str]:
     )
     env.pop("OPENAI_API_KEY", None)
     env.pop("ANTHROPIC_API_KEY", None)
+    env.pop("GEMINI_API_KEY", None)
+    env.pop("GOOGLE_API_KEY", None)
     return env
 
 
@@ -188,6 +191,9 @@ def main() -> int:
         env["AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT"] = json.dumps(
             {"conn_type": "anthropic_batch", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
         )
+        env["AIRFLOW_CONN_GEMINI_DEFAULT"] = json.dumps(
+            {"conn_type": "gemini", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
+        )
         if s3_url is not None:
             env["AIRFLOW_CONN_BEDROCK_BATCH_DEFAULT"] = _bedrock_conn(port, s3_url, bucket)
         before = _stats(port)
@@ -236,10 +242,13 @@ def print_failure(
     print(f"\ndemo FAILED (airflow dags test exit code {returncode}); see the task logs above", flush=True)
     if notable.get("error"):
         print(f"  reason           {notable['error']}")
-    uploaded = int(after["openai"]["files_uploaded"]) - int(before["openai"]["files_uploaded"])
+    uploaded = sum(
+        int(after.get(p, {}).get("files_uploaded", 0)) - int(before.get(p, {}).get("files_uploaded", 0))
+        for p in ("openai", "gemini")
+    )
     created = sum(
-        int(after[p].get("batches_created", 0)) - int(before[p].get("batches_created", 0))
-        for p in ("openai", "anthropic", "bedrock")
+        int(after.get(p, {}).get("batches_created", 0)) - int(before.get(p, {}).get("batches_created", 0))
+        for p in ("openai", "anthropic", "bedrock", "gemini")
     )
     print(f"  files uploaded   {uploaded:,}")
     print(f"  batches created  {created:,}")

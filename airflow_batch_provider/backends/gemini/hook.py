@@ -18,7 +18,6 @@ import os
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import suppress
-from dataclasses import replace
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -29,13 +28,14 @@ from airflow_batch_provider.backends.gemini.limits import API_VERSION, PROVIDER
 from airflow_batch_provider.backends.gemini.results import parse_gemini_line
 from airflow_batch_provider.backends.gemini.states import (
     classify_gemini_error,
-    counts_from_operation,
     state_from_gemini,
+    with_operation,
 )
 from airflow_batch_provider.chunking.limits import GEMINI_LIMITS, ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
+from airflow_batch_provider.hooks.tls import shared_tls_context
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.status import BatchState, RequestCounts
 from airflow_batch_provider.utils.http_logs import quiet_transport_logs
@@ -47,6 +47,18 @@ _CUSTOM_ID_PREFIX = b'{"custom_id":'
 _KEY_PREFIX = b'{"key":'
 #: Seconds after which a failing create is not attempted again (the task fails; its retry reconciles).
 CREATE_WITHIN = 180.0
+
+
+def _transport() -> Any:
+    """Return the HTTP library the SDK accepts clients of: httpx2 (as the other SDKs here) or httpx."""
+    import importlib
+
+    for name in ("httpx2", "httpx"):
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError("google-genai needs httpx or httpx2")
 
 
 def key_line(line: bytes, path: str, number: int) -> bytes:
@@ -82,6 +94,7 @@ class GeminiBatchHook(BatchHook):
     provider: ClassVar[str] = PROVIDER
     limits: ClassVar[ProviderLimits] = GEMINI_LIMITS
     exact_reconcile: ClassVar[bool] = True
+    _async_http: Any = None  # the httpx async client handed to the SDK's async client
 
     def __init__(
         self, conn_id: str | None = None, *, retry_policy: RetryPolicy | None = None, timeout: float = 600.0
@@ -105,7 +118,17 @@ class GeminiBatchHook(BatchHook):
             raise InvalidInputError(
                 f"Connection {self.conn_id!r} has no API key: put the Gemini API key in its password field."
             )
-        options = types.HttpOptions(base_url=base_url, api_version=API_VERSION, timeout=int(self.timeout * 1000))
+        # Our own HTTP clients over the process's shared TLS context (hooks/tls.py). Handing the SDK an
+        # httpx async client also keeps it off aiohttp, where it opens one session per event loop.
+        transport = _transport()
+        http = {"verify": shared_tls_context(), "timeout": self.timeout, "follow_redirects": True}
+        options = types.HttpOptions(
+            base_url=base_url,
+            api_version=API_VERSION,
+            timeout=int(self.timeout * 1000),
+            httpx_client=transport.Client(**http),
+            httpx_async_client=transport.AsyncClient(**http),
+        )
         return {"api_key": api_key, "http_options": options}
 
     @cached_property
@@ -127,15 +150,19 @@ class GeminiBatchHook(BatchHook):
             from google import genai
 
             conn = await self.aget_connection(self.conn_id)
-            client = await asyncio.to_thread(lambda: genai.Client(**self.client_kwargs(conn)))
-            self._async_client = client.aio
+            kwargs = await asyncio.to_thread(self.client_kwargs, conn)  # loads nothing on the loop
+            self._async_http = kwargs["http_options"].httpx_async_client
+            self._async_client = genai.Client(**kwargs).aio
         return self._async_client
 
     async def aclose(self) -> None:
-        """Close the async client this hook opened (``AsyncClient.aclose``)."""
+        """Close the async client this hook opened, and the HTTP client it was given."""
         client, self._async_client = self._async_client, None
         if client is not None:
             await client.aclose()
+        http, self._async_http = self._async_http, None
+        if http is not None:
+            await http.aclose()
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
         return call_with_retries(fn, what=what, classify=classify_gemini_error, policy=self.retry_policy, **kwargs)
@@ -197,9 +224,9 @@ class GeminiBatchHook(BatchHook):
         state = state_from_gemini(job)
         if not state.status.is_terminal:
             return state
-        # The SDK's BatchJob has no batchStats for the Developer API: read the same resource raw, once, at the end.
+        # The SDK's BatchJob has no batchStats or error for the Developer API: read the resource raw, once, at the end.
         raw = self._call(f"counts of batch {batch_id}", lambda: self.client._api_client.request("get", batch_id, {}))
-        return replace(state, counts=counts_from_operation(orjson.loads(raw.body or "{}")))
+        return with_operation(state, orjson.loads(raw.body or "{}"))
 
     async def aget_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state using the async client."""
@@ -219,7 +246,7 @@ class GeminiBatchHook(BatchHook):
             classify=classify_gemini_error,
             policy=self.retry_policy,
         )
-        return replace(state, counts=counts_from_operation(orjson.loads(raw.body or "{}")))
+        return with_operation(state, orjson.loads(raw.body or "{}"))
 
     def cancel(self, batch_id: str) -> BatchState:
         """Ask Gemini to cancel the batch (the SDK's cancel answers nothing), then return its state."""

@@ -8,6 +8,7 @@ rather than guessing (a new state could mean results are gone, or are still comi
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import replace
 from typing import Any
 
 from airflow_batch_provider.backends.gemini.limits import PROVIDER
@@ -73,6 +74,18 @@ def counts_from_operation(operation: Any) -> RequestCounts:
     return RequestCounts(
         total=number("requestCount"), completed=number("successfulRequestCount"), failed=number("failedRequestCount")
     )
+
+
+def with_operation(state: BatchState, operation: Any) -> BatchState:
+    """Return ``state`` with the counts and the error of the batch's raw ``Operation`` JSON.
+
+    The SDK's ``BatchJob`` drops both for the Developer API: a failed batch would say nothing of why.
+    """
+    error = operation.get("error") if isinstance(operation, dict) else None
+    errors = state.errors
+    if isinstance(error, dict) and error:
+        errors = ({"code": error.get("code"), "message": str(error.get("message") or "")},)
+    return replace(state, counts=counts_from_operation(operation), errors=errors)
 
 
 def state_from_gemini(job: Any, *, counts: RequestCounts | None = None) -> BatchState:
