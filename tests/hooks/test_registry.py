@@ -22,7 +22,9 @@ def test_every_registry_line_loads_a_hook_of_that_provider(provider):
 
 
 def test_an_unknown_provider_names_the_known_ones():
-    with pytest.raises(InvalidInputError, match=r"'vertex'.*\['anthropic', 'bedrock', 'gemini', 'openai', 'server', 'vllm'\]"):
+    with pytest.raises(
+        InvalidInputError, match=r"'vertex'.*\['anthropic', 'bedrock', 'gemini', 'openai', 'server', 'vllm'\]"
+    ):
         get_batch_hook("vertex")
 
 

@@ -158,3 +158,14 @@ def test_registry_console_link_and_missing_key(gemini_conn, monkeypatch, tmp_pat
     monkeypatch.setenv("AIRFLOW_CONN_GEMINI_DEFAULT", '{"conn_type": "gemini", "host": "http://127.0.0.1:1"}')
     with pytest.raises(Exception, match="no API key"):
         get_batch_hook("gemini").upload_file(gemini_chunk(tmp_path, 1)["requests_path"])
+
+
+def test_http_faults_are_retried_without_losing_or_repeating_lines(gemini_hook, gemini_conn, tmp_path):
+    gemini_conn.set_faults(http_429_rate=0.15, http_500_rate=0.1, drop_rate=0.05, retry_after=0.01, seed=11)
+    submitted = gemini_hook.submit(gemini_chunk(tmp_path, 25), metadata=_meta("k-http"))
+    state = wait_terminal(gemini_hook, submitted["batch_id"], timeout=60)
+    records = list(gemini_hook.iter_results(state))
+    assert sorted(r["custom_id"] for r in records) == sorted(f"row-0-{i}" for i in range(25))
+    http = gemini_conn.stats()["http"]
+    assert http["injected_429"] + http["injected_500"] + http["dropped"] >= 2  # the faults did happen
+    assert len([b for b in gemini_conn.batches() if b["provider"] == "gemini"]) == 1  # one create, however retried
