@@ -68,9 +68,10 @@ class ChunkOperator(BaseOperator):
         ``.jsonl``/``.ndjson`` or a folder of one of them. Templated.
     :param prompt_template: ``str.format`` template over the table's columns; not templated.
     :param model: model name written into every request. Templated.
-    :param provider: ``"openai"`` (default), ``"anthropic"`` or ``"bedrock"``. Templated (checked once rendered).
+    :param provider: ``"openai"`` (default), ``"anthropic"``, ``"bedrock"`` or ``"gemini"``. Templated (checked
+        once rendered).
     :param endpoint: OpenAI ``/v1/chat/completions`` (default), ``/v1/embeddings``, ``/v1/completions``;
-        Anthropic ``/v1/messages`` (default).
+        Anthropic ``/v1/messages`` (default); Gemini ``/v1beta/models:generateContent`` (the only one).
     :param job_dir: folder for this job's files; default
         ``{$AIRFLOW_BATCH_WORK_DIR or $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}-{hash}/{task_id}``
         (the run_id cleaned to ``[A-Za-z0-9._-]``, plus 8 hex of its sha256 so that every run_id gets
