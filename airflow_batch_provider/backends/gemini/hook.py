@@ -74,8 +74,8 @@ def key_line(line: bytes, path: str, number: int) -> bytes:
 def display_name(metadata: Mapping[str, str], label: str) -> str:
     """Return the batch's display name: DAG and chunk for people, ``[<idempotency key>]`` for :meth:`find_existing`."""
     key = metadata[IDEMPOTENCY_METADATA_KEY]
-    dag = metadata.get("airflow_dag_id", "")[:48]
-    return f"{dag} {label[:48]} [{key}]".strip()
+    dag = metadata.get("airflow_dag_id", "")[:40]
+    return f"{dag} {label[:44]} [{key}]".strip()  # at most 128 characters with a 40-character key
 
 
 class GeminiBatchHook(BatchHook):

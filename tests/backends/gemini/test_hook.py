@@ -169,3 +169,9 @@ def test_http_faults_are_retried_without_losing_or_repeating_lines(gemini_hook, 
     http = gemini_conn.stats()["http"]
     assert http["injected_429"] + http["injected_500"] + http["dropped"] >= 2  # the faults did happen
     assert len([b for b in gemini_conn.batches() if b["provider"] == "gemini"]) == 1  # one create, however retried
+
+
+def test_display_name_fits_and_ends_in_the_key():
+    key = "f" * 40
+    name = display_name({IDEMPOTENCY_METADATA_KEY: key, "airflow_dag_id": "d" * 300}, "chunk 1/1 " + "x" * 300)
+    assert len(name) <= 128 and name.endswith(f"[{key}]")

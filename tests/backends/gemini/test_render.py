@@ -76,3 +76,12 @@ def test_token_count_reads_gemini_lines():
     assert tally.input_tokens == 10 + 25 + -(-schema_chars // 4)  # chars/4 per piece, rounded up
     assert tally.output_tokens == 50
     assert 0 < tally.expected_output_tokens < 50  # the schema bounds the answer
+
+
+def test_gemini_batch_prices_are_half_the_list_price():
+    from airflow_batch_provider.cost.pricing import load_pricing
+
+    price = load_pricing(use_env=False).lookup("gemini-2.5-flash")
+    assert (price.provider, price.input_per_mtok, price.output_per_mtok) == ("gemini", 0.30, 2.50)
+    assert (price.batch_input_per_mtok, price.batch_output_per_mtok) == pytest.approx((0.15, 1.25))
+    assert price.cost(1_000_000, 100_000) == pytest.approx(0.15 + 0.125)
