@@ -61,6 +61,14 @@ def _transport() -> Any:
     raise ImportError("google-genai needs httpx or httpx2")
 
 
+def _base_url(conn: Any) -> str | None:
+    """Return the connection's base URL (extra ``base_url``, else the host), None for Google's own API."""
+    base_url = (conn.extra_dejson or {}).get("base_url") or conn.host or None
+    if base_url and "://" not in base_url:
+        base_url = f"https://{base_url}"
+    return base_url
+
+
 def key_line(line: bytes, path: str, number: int) -> bytes:
     """Return a chunk-file line with its leading ``custom_id`` renamed to the batch API's ``key``."""
     if not line.startswith(_CUSTOM_ID_PREFIX):
@@ -109,11 +117,8 @@ class GeminiBatchHook(BatchHook):
         from google.genai import types
 
         quiet_transport_logs()
-        extra = conn.extra_dejson or {}
-        base_url = extra.get("base_url") or conn.host or None
-        if base_url and "://" not in base_url:
-            base_url = f"https://{base_url}"
-        api_key = conn.password or extra.get("api_key")
+        base_url = _base_url(conn)
+        api_key = conn.password or (conn.extra_dejson or {}).get("api_key")
         if not api_key:
             raise InvalidInputError(
                 f"Connection {self.conn_id!r} has no API key: put the Gemini API key in its password field."
@@ -267,9 +272,8 @@ class GeminiBatchHook(BatchHook):
     def batch_url(self, batch_id: str) -> str | None:
         """Link to the batch in Google AI Studio; None when the connection points anywhere but Google's API."""
         try:  # a link never fails a task: no connection or no key gives no link
-            conn = self.get_connection(self.conn_id)
-            base_url = self.client_kwargs(conn)["http_options"].base_url or PUBLIC_BASE_URL
-        except (AirflowNotFoundException, InvalidInputError):
+            base_url = _base_url(self.get_connection(self.conn_id)) or PUBLIC_BASE_URL
+        except AirflowNotFoundException:
             return None
         return console_url(PROVIDER, base_url, batch_id.removeprefix("batches/"))
 
