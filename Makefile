@@ -9,10 +9,14 @@ MAX_COST_USD ?=
 
 .PHONY: venv demo demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis browser-deps
 
-$(VENV)/.installed: pyproject.toml
+# The emulator (emulator/, its own distribution) and the provider in one pip command: the provider's test
+# extra names airflow-batch-emulator, which no index serves. The rm: metadata an older checkout's install
+# left in the root, on sys.path, where Airflow saw the provider twice (now inside the package: setup.cfg).
+$(VENV)/.installed: pyproject.toml emulator/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install -q --disable-pip-version-check -e ./emulator -e '.[dev]'
+	rm -rf airflow_batch_provider.egg-info
 	touch $@
 
 venv: $(VENV)/.installed

@@ -12,36 +12,24 @@ console has never seen, so :func:`console_url` gives no link for it rather than 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
 
 from airflow.sdk import BaseOperatorLink
 
-URL_ATTRIBUTE = "batch_console_url"
+from airflow_batch_provider.backends.registry import find_backend
 
-# provider → (API hosts whose batches the console shows, console URL of one batch)
-CONSOLES: dict[str, tuple[tuple[str, ...], str]] = {
-    # us./eu. are OpenAI's data-residency API hosts; their batches show in the same console.
-    "openai": (
-        ("api.openai.com", "us.api.openai.com", "eu.api.openai.com"),
-        "https://platform.openai.com/batches/{batch_id}",
-    ),
-    "anthropic": (("api.anthropic.com",), "https://console.anthropic.com/workspaces/default/batches/{batch_id}"),
-    # Gemini Developer API batches (batch_id without its "batches/" prefix).
-    "gemini": (("generativelanguage.googleapis.com",), "https://aistudio.google.com/batches/{batch_id}"),
-}
+URL_ATTRIBUTE = "batch_console_url"
 
 
 def console_url(provider: str, base_url: str | None, batch_id: str) -> str | None:
     """Return the console URL of ``batch_id`` when ``base_url`` is the provider's own API, else None.
 
     ``base_url`` is what the SDK client talks to (the connection's host or ``base_url`` extra, or
-    the SDK's default when neither is set).
+    the SDK's default when neither is set). The hosts and the URL are the backend's
+    (:meth:`~airflow_batch_provider.backends.base.Backend.console_url`); a provider without a
+    console, or an unknown one, gives no link.
     """
-    hosts, template = CONSOLES.get(provider, ((), ""))
-    parts = urlsplit(base_url or "")
-    if not batch_id or parts.scheme != "https" or (parts.hostname or "").lower() not in hosts:
-        return None
-    return template.format(batch_id=batch_id)
+    backend = find_backend(provider)
+    return backend.console_url(base_url, batch_id) if backend is not None else None
 
 
 class BatchConsoleLink(BaseOperatorLink):

@@ -232,7 +232,7 @@ def project_growth(rows: str, chunk_size: int) -> int:
 
     Last line: ``project: peak_rss_mb_<small>k=A peak_rss_mb_<large>k=B rss_growth=B/A``.
     """
-    from airflow_batch_provider.examples import write_synthetic_products
+    from airflow_batch_emulator.examples import write_synthetic_products
 
     airflow = build_project_venv()
     sizes = _sizes(rows)
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chunk-size", type=int, default=PROJECT_CHUNK_SIZE, help="the project DAG's chunk_size")
     args = parser.parse_args(argv)
-    from airflow_batch_provider.examples import write_synthetic_products
+    from airflow_batch_emulator.examples import write_synthetic_products
 
     if args.project_only:
         return project_growth(args.rows, args.chunk_size)

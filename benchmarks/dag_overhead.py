@@ -240,7 +240,7 @@ def start_emulator(env: dict[str, str], run_dir: Path, *args: str) -> tuple[subp
     port_file = run_dir / "emulator.port"
     port_file.unlink(missing_ok=True)
     cmd = [
-        sys.executable, "-m", "airflow_batch_provider.emulator", "--host", "127.0.0.1", "--port", "0",
+        sys.executable, "-m", "airflow_batch_emulator", "--host", "127.0.0.1", "--port", "0",
         "--port-file", str(port_file), "--quiet", *args,
     ]  # fmt: skip
     with (run_dir / "emulator.log").open("wb") as log:

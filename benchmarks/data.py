@@ -39,8 +39,8 @@ PARAMS: dict[str, Any] = {"max_tokens": 64, "temperature": 0}
 ID_COLUMN = "product_id"
 CHUNK_SIZE = 10_000
 
-# A copy of examples.py's vocabulary on purpose: importing examples pulls in Airflow, and the
-# reference paths must run (and be measured) without it.
+# A copy of the demo data's vocabulary (airflow_batch_emulator/examples.py) on purpose: importing it pulls in
+# Airflow, and the reference paths must run (and be measured) without it.
 _ADJECTIVES = ["Compact", "Deluxe", "Eco", "Classic", "Smart", "Portable", "Premium", "Vintage", "Ultra", "Mini"]
 _COLOURS = ["black", "white", "red", "blue", "green", "grey", "navy", "sand"]
 _ITEMS = [

@@ -83,7 +83,7 @@ def start_moto(env: dict[str, str], log_dir: Path) -> Service:
 def start_emulator(env: dict[str, str], log_dir: Path, *args: str) -> Service:
     """Start the emulator with ``args`` (e.g. ``--realtime-slots 4``); its URL is the OpenAI base URL."""
     port = free_port()
-    cmd = [sys.executable, "-m", "airflow_batch_provider.emulator", "--port", str(port), "--quiet", *args]
+    cmd = [sys.executable, "-m", "airflow_batch_emulator", "--port", str(port), "--quiet", *args]
     proc = _spawn("emulator", cmd, env, log_dir)
     _wait_http(f"http://127.0.0.1:{port}/_emulator/health", proc, "the emulator")
     return Service("emulator", proc, f"http://127.0.0.1:{port}/v1")

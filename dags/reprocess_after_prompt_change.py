@@ -53,7 +53,13 @@ with DAG(
     @task
     def products(rows: int, data_dir: str) -> str:
         """Write the synthetic product table (prefix-stable: more rows only add rows)."""
-        from airflow_batch_provider.examples import write_synthetic_products
+        try:  # the demo's data ships with the emulator distribution, not with the provider
+            from airflow_batch_emulator.examples import write_synthetic_products
+        except ImportError as exc:
+            raise RuntimeError(
+                "The synthetic product table comes with airflow-batch-emulator (`pip install ./emulator` in "
+                "the provider's repository); to run this DAG on your data, make this task return your table's path."
+            ) from exc
 
         return write_synthetic_products(int(rows), data_dir)
 

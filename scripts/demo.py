@@ -67,7 +67,7 @@ def _start_emulator(
     port_file = run_dir / "emulator.port"
     port_file.unlink(missing_ok=True)
     cmd = [
-        sys.executable, "-m", "airflow_batch_provider.emulator",
+        sys.executable, "-m", "airflow_batch_emulator",
         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--latency", "0.5",
         *(["--s3-endpoint-url", s3_url] if s3_url else []),
         *shlex.split(extra_args),

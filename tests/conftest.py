@@ -1,7 +1,8 @@
 """Test-wide settings: an isolated AIRFLOW_HOME, no example DAGs, unit-test mode.
 
 The environment is set before anything imports Airflow. The batch emulator fixtures come
-from the package's pytest plugin (``airflow_batch_provider.emulator.pytest_plugin``).
+from the emulator distribution's pytest plugin, which this project opts into below
+(``pytest_plugins``): installing the emulator or the provider loads nothing into pytest.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ os.environ.pop("ANTHROPIC_API_KEY", None)
 
 
 import pytest  # noqa: E402
+
+# Opt in to the emulator's fixtures (batch_emulator, batch_emulator_env, bedrock_emulator_env).
+pytest_plugins = ["airflow_batch_emulator.pytest_plugin"]
 
 
 @pytest.fixture
@@ -49,7 +53,7 @@ def anthropic_conn(batch_emulator, monkeypatch):
 @pytest.fixture
 def anthropic_hook(anthropic_conn):
     """An AnthropicBatchHook on the emulator with fast retries."""
-    from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
+    from airflow_batch_provider.backends.anthropic.hook import AnthropicBatchHook
     from airflow_batch_provider.utils.retry import RetryPolicy
 
     return AnthropicBatchHook(retry_policy=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05))
@@ -58,7 +62,7 @@ def anthropic_hook(anthropic_conn):
 @pytest.fixture
 def openai_hook(openai_conn):
     """An OpenAIBatchHook on the emulator with fast retries."""
-    from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
+    from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
     from airflow_batch_provider.utils.retry import RetryPolicy
 
     return OpenAIBatchHook(retry_policy=RetryPolicy(attempts=4, base_delay=0.01, max_delay=0.05))

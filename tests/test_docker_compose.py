@@ -156,7 +156,7 @@ def test_startup_order_waits_for_healthy_dependencies(services):
 def test_emulator_profile_serves_on_all_container_interfaces(services):
     emulator = services["emulator"]
     words = _command(emulator)
-    assert words[:3] == ["python", "-m", "airflow_batch_provider.emulator"]
+    assert words[:3] == ["python", "-m", "airflow_batch_emulator"]
     assert words[words.index("--host") + 1] == "0.0.0.0"  # reachable from the other containers
     assert words[words.index("--port") + 1] == "8089"
 
@@ -184,6 +184,15 @@ def test_dockerfiles_install_the_provider_from_the_repository(name, package):
     assert package in words
     ignore = (DOCKER / f"{name}.dockerignore").read_text().split("\n")
     assert "*" in ignore and "!airflow_batch_provider/" in ignore and "!dags/" in ignore
+
+
+def test_cpu_image_installs_the_emulator_distribution():
+    """The compose file's emulator service and the example DAGs' demo data run from the CPU image."""
+    text = (DOCKER / "Dockerfile").read_text()
+    assert "COPY --chown=airflow:root emulator /opt/airflow-batch-provider/emulator" in text
+    install = re.search(r"RUN pip install --no-cache-dir((?:[^\n]*\\\n)+[^\n]*)", text)
+    assert install is not None and "/opt/airflow-batch-provider/emulator" in install.group(1).replace("\\", " ").split()
+    assert "!emulator/" in (DOCKER / "Dockerfile.dockerignore").read_text().split("\n")
 
 
 def test_secrets_are_required_not_defaulted(compose):

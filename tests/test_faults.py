@@ -22,16 +22,16 @@ import pyarrow.parquet as pq
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
+from airflow_batch_emulator.faults import Faults, line_fate
+from airflow_batch_provider.backends.anthropic.hook import AnthropicBatchHook
+from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.batches.line_retry import cancelled_by_us
-from airflow_batch_provider.emulator.faults import Faults, line_fate
 from airflow_batch_provider.exceptions import (
     BatchCancelledError,
     BatchFailedError,
     BatchTimeoutError,
     TooManyFailuresError,
 )
-from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
-from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import CHECKPOINT_KEY, BatchCompleteSensor
@@ -535,7 +535,7 @@ def test_the_example_dag_under_the_issue_faults(airflow_db, openai_conn, tmp_pat
     """The issue's check at 3,000 rows: line errors, expiry and 429s on; every row once; retries right."""
     from airflow.dag_processing.dagbag import DagBag
 
-    from airflow_batch_provider.examples import synthetic_products
+    from airflow_batch_emulator.examples import synthetic_products
     from tests.conftest import REPO_ROOT
 
     faults = {"line_error_rate": 0.02, "expire_rate": 0.01, "http_429_rate": 0.05, "retry_after": 0.05}

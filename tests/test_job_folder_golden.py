@@ -92,10 +92,10 @@ def airflow_db() -> None:
 @pytest.fixture
 def fresh_emulator(monkeypatch: pytest.MonkeyPatch):
     """A new emulator (its id counter starts at 0) whose batches end only when their status is read."""
-    from airflow_batch_provider.emulator.config import EmulatorConfig
-    from airflow_batch_provider.emulator.faults import Faults
-    from airflow_batch_provider.emulator.pytest_plugin import connection_env
-    from airflow_batch_provider.emulator.server import BatchEmulator
+    from airflow_batch_emulator.config import EmulatorConfig
+    from airflow_batch_emulator.faults import Faults
+    from airflow_batch_emulator.pytest_plugin import connection_env
+    from airflow_batch_emulator.server import BatchEmulator
 
     emulator = BatchEmulator(EmulatorConfig(latency=0.02, faults=Faults(polls_before_done=1))).start()
     try:

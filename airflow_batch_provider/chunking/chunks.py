@@ -32,6 +32,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from airflow_batch_provider.backends.registry import get_backend
 from airflow_batch_provider.chunking.id_hashes import IdHashes
 from airflow_batch_provider.chunking.ids import IdBuilder, id_hashes, report_duplicates
 from airflow_batch_provider.chunking.incremental import (
@@ -40,7 +41,7 @@ from airflow_batch_provider.chunking.incremental import (
     apply_skip_unchanged,
     load_previous,
 )
-from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.chunking.min_records import needs_rebalance, rebalance_tail
 from airflow_batch_provider.chunking.problems import RowProblems
 from airflow_batch_provider.chunking.requests import RenderedRequests, RequestRenderer, renderer_for
@@ -81,12 +82,12 @@ class ChunkResult:
 
 def check_chunk_size(chunk_size: int, provider: str) -> int:
     """Return ``chunk_size`` or raise InvalidInputError unless it is 1 … the provider's max requests."""
-    return check_int("chunk_size", chunk_size, 1, limits_for(provider).max_requests, suffix=f" for {provider}")
+    return check_int("chunk_size", chunk_size, 1, get_backend(provider).limits.max_requests, suffix=f" for {provider}")
 
 
 def check_byte_cap(byte_cap: int | None, provider: str) -> int:
     """Return ``byte_cap`` (the provider's default when None) or raise unless 1 … the provider's max bytes."""
-    limits = limits_for(provider)
+    limits = get_backend(provider).limits
     if byte_cap is None:
         return limits.default_byte_cap
     return check_int("byte_cap", byte_cap, 1, limits.max_bytes, suffix=f" bytes for {provider}")
@@ -106,7 +107,7 @@ def check_map_length(num_chunks: int, *, num_rows: int, chunk_size: int, provide
     if num_chunks <= limit:
         return
     needed = -(-num_rows // limit)  # the chunk_size that would give at most ``limit`` chunks
-    largest = limits_for(provider).max_requests
+    largest = get_backend(provider).limits.max_requests
     bigger = f"increase chunk_size to at least {needed:,} (at most {largest:,} for {provider})"
     raise ChunkLimitError(
         f"The table gives {num_chunks:,} chunks of up to {chunk_size:,} requests, but Airflow maps a task over at "

@@ -1,7 +1,8 @@
 """Custom ids of a table's rows: from an id column or a hash of the row, checked and de-duplicated.
 
-Anthropic accepts only ``[a-zA-Z0-9_-]{1,64}``: other user ids are rewritten to a stable
-``h-<sha256>`` (:func:`derive_custom_id`). Duplicates are found with 8 bytes a row (see
+A backend's ``limits.custom_id_pattern`` says which ids it accepts (Anthropic:
+``[a-zA-Z0-9_-]{1,64}``): other user ids are rewritten to a stable ``h-<sha256>``
+(:func:`derive_custom_id`; ``h<sha256>`` where the pattern allows no dash). Duplicates are found with 8 bytes a row (see
 :func:`report_duplicates`).
 """
 
@@ -21,6 +22,8 @@ from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.chunking.problems import RowProblems
 from airflow_batch_provider.chunking.tables import CUSTOM_ID, TableReader
 
+CONTROL_CHARS = r"[\x00-\x1f\x7f-\x9f]"  # C0, DEL and C1 (RE2 syntax, as Arrow's regex functions take it)
+
 
 def derive_custom_id(user_id: str, separator: str = "-") -> str:
     """Return the stable provider-compliant id used for a user id that does not fit the provider's pattern.
@@ -32,7 +35,7 @@ def derive_custom_id(user_id: str, separator: str = "-") -> str:
 
 
 class IdBuilder:
-    """Compute each row's custom_id and record null, NaN, empty or over-long ids."""
+    """Compute each row's custom_id and record null, NaN, empty, control-character or over-long ids."""
 
     def __init__(self, limits: ProviderLimits, id_column: str | None, hash_columns: Sequence[str]) -> None:
         self.limits = limits
@@ -59,12 +62,20 @@ class IdBuilder:
         raw = batch.column(name)
         if pa.types.is_floating(raw.type):  # NaN is a missing value too; as text it would be the id "nan"
             bad = pc.or_(bad, pc.fill_null(pc.is_nan(raw), False))
-        bad_rows = np.asarray(pc.indices_nonzero(bad))
         problems.add(
             f"null, NaN or empty id in column {name!r}",
-            bad_rows + offset,
+            np.asarray(pc.indices_nonzero(bad)) + offset,
             advice="Every row needs an id: fill or filter those rows, or leave id_column unset to hash the rows.",
         )
+        # A NUL or other control character: PostgreSQL strips NUL, so "d\x00e" and "de" would become one row.
+        control = pc.fill_null(pc.match_substring_regex(user, CONTROL_CHARS), False)
+        problems.add(
+            f"id with a NUL or other control character in column {name!r}",
+            np.asarray(pc.indices_nonzero(control)) + offset,
+            advice="Ids are keys in the output table: remove control characters from them (or hash the rows).",
+        )
+        bad = pc.or_(bad, control)
+        bad_rows = np.asarray(pc.indices_nonzero(bad))
         limit = self.limits.max_custom_id_chars
         if limit is not None:
             too_long = pc.fill_null(pc.greater(pc.utf8_length(user), limit), False)

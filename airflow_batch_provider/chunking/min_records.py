@@ -11,7 +11,7 @@ hours later, so the chunk step fixes it before anything is published:
 
 A job whose whole table is under the minimum stays one short chunk: there is nothing to merge it
 with, and the Bedrock hook sends such small batches through on-demand invocation instead (see
-:mod:`airflow_batch_provider.hooks.bedrock_batch`).
+:mod:`airflow_batch_provider.backends.bedrock.hook`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Renderers: turn a :class:`~airflow_batch_provider.chunking.spec.RequestSpec` into wire-format lines.
 
-A renderer turns ``(custom_id, user_text)`` pairs into JSONL lines in the provider's batch format.
+A renderer turns ``(custom_id, user_text)`` pairs into JSONL lines in the provider's batch format;
+each backend brings its own subclass (``backends/<name>/requests.py``), found through
+:meth:`~airflow_batch_provider.backends.base.Backend.renderer`.
 Rendering is on the hot path (millions of rows), so a renderer serialises the full request
 once with two sentinel strings in place of the custom id and the user text, splits the bytes
 at the sentinels, and for a whole record batch splices in the escaped ids and texts with Arrow
@@ -20,15 +22,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 
+from airflow_batch_provider.backends.registry import get_backend
 from airflow_batch_provider.chunking.arrow_text import concat, json_escape
-from airflow_batch_provider.chunking.bedrock_bodies import model_input
-from airflow_batch_provider.chunking.spec import (
-    COMPLETIONS,
-    DEFAULT_ENDPOINTS,
-    EMBEDDINGS,
-    RequestSpec,
-    strict_json_schema,
-)
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.exceptions import InvalidInputError
 
 
@@ -67,7 +63,7 @@ class RequestRenderer(ABC):
         if spec.provider != self.provider:
             raise InvalidInputError(f"{type(self).__name__} renders {self.provider!r} requests, not {spec.provider!r}.")
         self.spec = spec
-        self.endpoint: str = spec.endpoint or DEFAULT_ENDPOINTS[spec.provider]
+        self.endpoint: str = spec.endpoint or get_backend(spec.provider).default_endpoint
         blob = orjson.dumps(self.request_dict(_ID_SENTINEL, _TEXT_SENTINEL))
         head, after_id = _split_once(blob, orjson.dumps(_ID_SENTINEL))
         middle, tail = _split_once(after_id, orjson.dumps(_TEXT_SENTINEL))
@@ -113,95 +109,9 @@ class RequestRenderer(ABC):
         return pa.StringArray.from_buffers(len(bodies), pa.py_buffer(offsets), pa.py_buffer(hexed))
 
 
-class OpenAIRenderer(RequestRenderer):
-    """Render OpenAI Batch API lines: ``{custom_id, method, url, body}``."""
-
-    provider = "openai"
-
-    def __init__(self, spec: RequestSpec) -> None:
-        self._response_format: dict[str, Any] | None = None
-        if spec.json_schema is not None:
-            schema = strict_json_schema(spec.json_schema) if spec.schema_from_model else spec.json_schema
-            self._response_format = {
-                "type": "json_schema",
-                "json_schema": {"name": spec.schema_name, "schema": schema, "strict": True},
-            }
-        super().__init__(spec)
-
-    def request_dict(self, custom_id: str, text: str) -> dict[str, Any]:
-        """Return the full request as a dict, ``custom_id`` first."""
-        spec = self.spec
-        body: dict[str, Any] = {"model": spec.model}
-        if self.endpoint == EMBEDDINGS:
-            body["input"] = text
-        elif self.endpoint == COMPLETIONS:
-            body["prompt"] = text
-        else:
-            messages: list[dict[str, str]] = []
-            if spec.system_prompt is not None:
-                messages.append({"role": "system", "content": spec.system_prompt})
-            messages.append({"role": "user", "content": text})
-            body["messages"] = messages
-        body.update(spec.params)
-        if self._response_format is not None:
-            body["response_format"] = self._response_format
-        return {"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body}
-
-
-class AnthropicRenderer(RequestRenderer):
-    """Render Anthropic Message Batches lines: ``{custom_id, params}``."""
-
-    provider = "anthropic"
-
-    def request_dict(self, custom_id: str, text: str) -> dict[str, Any]:
-        """Return the full request as a dict, ``custom_id`` first."""
-        spec = self.spec
-        extra = dict(spec.params)
-        params: dict[str, Any] = {"model": spec.model, "max_tokens": extra.pop("max_tokens")}
-        if spec.system_prompt is not None:
-            params["system"] = spec.system_prompt
-        params["messages"] = [{"role": "user", "content": text}]
-        stop = extra.pop("stop", None)
-        if stop is not None:
-            extra["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-        params.update(extra)
-        if spec.json_schema is not None:
-            name = spec.schema_name
-            description = spec.json_schema.get("description") or f"Record the answer as a {name} object."
-            params["tools"] = [{"name": name, "description": description, "input_schema": spec.json_schema}]
-            params["tool_choice"] = {"type": "tool", "name": name}
-        return {"custom_id": custom_id, "params": params}
-
-
-class BedrockRenderer(RequestRenderer):
-    """Render Amazon Bedrock batch lines ``{custom_id, modelInput}`` (see :mod:`.bedrock_bodies`)."""
-
-    provider = "bedrock"
-
-    def request_dict(self, custom_id: str, text: str) -> dict[str, Any]:
-        """Return the full request as a dict, ``custom_id`` first."""
-        return {"custom_id": custom_id, "modelInput": model_input(self.spec, text)}
-
-
-_RENDERERS: dict[str, type[RequestRenderer] | str] = {
-    "openai": OpenAIRenderer,
-    "anthropic": AnthropicRenderer,
-    "bedrock": BedrockRenderer,
-    # A backend package's renderer subclasses RequestRenderer: imported when used (no import cycle).
-    "gemini": "airflow_batch_provider.backends.gemini.render:GeminiRenderer",
-}
-
-
 def renderer_for(spec: RequestSpec) -> RequestRenderer:
-    """Return the renderer for ``spec``'s provider."""
-    renderer = _RENDERERS[spec.provider]
-    if isinstance(renderer, str):
-        import importlib
-
-        module, _, name = renderer.partition(":")
-        renderer = getattr(importlib.import_module(module), name)
-    assert isinstance(renderer, type)
-    return renderer(spec)
+    """Return the renderer of ``spec``'s provider (its backend's, see :mod:`airflow_batch_provider.backends`)."""
+    return get_backend(spec.provider).renderer(spec)
 
 
 def _split_once(blob: bytes, marker: bytes) -> tuple[bytes, bytes]:

@@ -1,8 +1,9 @@
 """The provider-neutral request spec: what to ask every row, checked before anything is written.
 
 A :class:`RequestSpec` says what to ask (provider, endpoint, model, system prompt, sampling
-parameters, optional structured-output schema); :mod:`airflow_batch_provider.chunking.requests`
-renders it into each provider's wire format.
+parameters, optional structured-output schema). Its provider's backend checks the parameters
+(:meth:`~airflow_batch_provider.backends.base.Backend.check_params`) and renders it into the
+provider's wire format (:mod:`airflow_batch_provider.chunking.requests`).
 """
 
 from __future__ import annotations
@@ -15,65 +16,26 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.backends.gemini.limits import GENERATE_CONTENT as GEMINI_ENDPOINT
-from airflow_batch_provider.chunking.bedrock_bodies import check_bedrock_params
-from airflow_batch_provider.chunking.limits import ProviderLimits, limits_for
+from airflow_batch_provider.backends.registry import get_backend
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.chunking.validation import check_model_endpoint
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.utils.checks import check_int
 
 CHAT_COMPLETIONS = "/v1/chat/completions"
 EMBEDDINGS = "/v1/embeddings"
 COMPLETIONS = "/v1/completions"
-MESSAGES = "/v1/messages"
-BEDROCK_INVOKE = "/model/invoke"  # Bedrock batch jobs of modelInvocationType InvokeModel
-GEMINI_GENERATE = GEMINI_ENDPOINT  # Gemini batch lines: one GenerateContentRequest each
 
-#: Endpoints each provider's renderer can write, in the order error messages list them.
-SUPPORTED_ENDPOINTS: dict[str, tuple[str, ...]] = {
-    "openai": (CHAT_COMPLETIONS, EMBEDDINGS, COMPLETIONS),
-    "anthropic": (MESSAGES,),
-    "bedrock": (BEDROCK_INVOKE,),
-    "gemini": (GEMINI_GENERATE,),
-}
-DEFAULT_ENDPOINTS: dict[str, str] = {
-    "openai": CHAT_COMPLETIONS,
-    "anthropic": MESSAGES,
-    "bedrock": BEDROCK_INVOKE,
-    "gemini": GEMINI_GENERATE,
-}
-
-# Keys the renderer writes itself; a caller setting them in ``params`` is a mistake.
-_OPENAI_RESERVED = frozenset({"model", "messages", "input", "prompt", "stream"})
-_ANTHROPIC_RESERVED = frozenset({"model", "messages", "system", "stream"})
-# OpenAI-only parameters the Messages API rejects; failing here beats an "errored" result a day later.
-_ANTHROPIC_UNSUPPORTED = frozenset(
-    {
-        "seed",
-        "response_format",
-        "n",
-        "frequency_penalty",
-        "presence_penalty",
-        "logprobs",
-        "top_logprobs",
-        "logit_bias",
-        "max_completion_tokens",
-        "user",
-    }
-)
 _SCHEMA_NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
 
 def default_endpoint(provider: str) -> str:
-    """Return the endpoint used when none is given (chat completions / messages)."""
-    limits_for(provider)
-    return DEFAULT_ENDPOINTS[provider]
+    """Return the endpoint used when none is given (the backend's first, e.g. chat completions)."""
+    return get_backend(provider).default_endpoint
 
 
 def check_endpoint(provider: str, endpoint: str) -> None:
     """Raise InvalidInputError unless ``provider`` can render requests for ``endpoint``."""
-    limits_for(provider)
-    accepted = SUPPORTED_ENDPOINTS[provider]
+    accepted = get_backend(provider).endpoints
     if endpoint not in accepted:
         raise InvalidInputError(
             f"Endpoint {endpoint!r} is not supported for provider {provider!r}; accepted: {', '.join(accepted)}."
@@ -106,8 +68,8 @@ class RequestSpec:
     schema_from_model: bool = field(init=False, default=False, compare=False)
 
     def __post_init__(self) -> None:
-        limits_for(self.provider)
-        endpoint = self.endpoint or DEFAULT_ENDPOINTS[self.provider]
+        backend = get_backend(self.provider)  # an unknown provider fails here, naming the known ones
+        endpoint = self.endpoint or backend.default_endpoint
         check_endpoint(self.provider, endpoint)
         object.__setattr__(self, "endpoint", endpoint)
         if not isinstance(self.model, str) or not self.model.strip():
@@ -126,46 +88,13 @@ class RequestSpec:
             object.__setattr__(self, "json_schema", schema)
             object.__setattr__(self, "schema_name", name)
             object.__setattr__(self, "schema_from_model", from_model)
-        if self.provider == "openai":
-            self._check_openai_params()
-        elif self.provider == "bedrock":
-            check_bedrock_params(self)
-        elif self.provider == "gemini":
-            from airflow_batch_provider.backends.gemini.params import check_gemini_params
-
-            check_gemini_params(self)
-        else:
-            self._check_anthropic_params()
+        backend.check_params(self)
         check_model_endpoint(self.model, endpoint)
 
     @property
     def limits(self) -> ProviderLimits:
         """Return the provider's batch limits."""
-        return limits_for(self.provider)
-
-    def _check_openai_params(self) -> None:
-        bad = sorted(_OPENAI_RESERVED & self.params.keys())
-        if bad:
-            raise InvalidInputError(f"params may not set {bad}: the request renderer writes these itself.")
-        if self.json_schema is not None and "response_format" in self.params:
-            raise InvalidInputError("Pass either response_schema or params['response_format'], not both.")
-
-    def _check_anthropic_params(self) -> None:
-        bad = sorted(_ANTHROPIC_RESERVED & self.params.keys())
-        if bad:
-            hint = " (use system_prompt for 'system')" if "system" in bad else ""
-            raise InvalidInputError(f"params may not set {bad}: the request renderer writes these itself{hint}.")
-        unsupported = sorted(_ANTHROPIC_UNSUPPORTED & self.params.keys())
-        if unsupported:
-            raise InvalidInputError(f"The Anthropic Messages API does not accept the parameter(s) {unsupported}.")
-        max_tokens = self.params.get("max_tokens")
-        if max_tokens is None:
-            raise InvalidInputError("Anthropic requests require params['max_tokens'] (a positive integer).")
-        check_int("params['max_tokens']", max_tokens, 1)
-        if "stop" in self.params and "stop_sequences" in self.params:
-            raise InvalidInputError("Pass either params['stop'] or params['stop_sequences'], not both.")
-        if self.json_schema is not None and ({"tools", "tool_choice"} & self.params.keys()):
-            raise InvalidInputError("response_schema sets tools and tool_choice itself; remove them from params.")
+        return get_backend(self.provider).limits
 
 
 def _copy_params(params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -280,9 +280,18 @@ def select_columns(
             raise InvalidInputError(f"columns {unknown} are not in the table; available columns: {names}.")
         wanted = {*columns, *prompt.fields, *([id_column] if id_column else [])}
         names = [n for n in names if n in wanted]
-    if FINGERPRINT in names:
-        raise InvalidInputError(f"The table has a column named {FINGERPRINT!r}, which the rows file adds; rename it.")
-    taken = [n for n in names if n in RESULT_COLUMNS]
+    # SQL sinks compare column names without regard to case (SQLite; PostgreSQL folds them), so do we.
+    folded = [n.casefold() for n in names]
+    clashing = sorted({n for n in names if folded.count(n.casefold()) > 1})
+    if clashing:
+        raise InvalidInputError(f"The table has columns {clashing} that differ only in case; rename them.")
+    fingerprint = [n for n in names if n.casefold() == FINGERPRINT]
+    if fingerprint:
+        raise InvalidInputError(
+            f"The table has a column named {fingerprint[0]!r}, which the rows file adds as {FINGERPRINT!r}; rename it."
+        )
+    reserved = {c.casefold() for c in RESULT_COLUMNS}
+    taken = [n for n in names if n.casefold() in reserved]
     if taken:
         # Refused here, before anything is paid for: the merge could not tell them from its own columns.
         raise InvalidInputError(
@@ -290,9 +299,10 @@ def select_columns(
             f"({', '.join(RESULT_COLUMNS)}). Rename them in the source (e.g. {taken[0]!r} → 'source_{taken[0]}'), "
             "or leave them out with columns= if the prompt does not use them."
         )
-    if CUSTOM_ID in names and id_column != CUSTOM_ID:
+    custom = [n for n in names if n.casefold() == CUSTOM_ID and (n != id_column or n != CUSTOM_ID)]
+    if custom:
         raise InvalidInputError(
-            f"The table has a column named {CUSTOM_ID!r} that is not the id_column; pass id_column={CUSTOM_ID!r}, "
-            "rename it, or leave it out with columns=."
+            f"The table has a column named {custom[0]!r} that the rows file's {CUSTOM_ID!r} would clash with; "
+            f"pass id_column={CUSTOM_ID!r} if it is exactly that, else rename it, or leave it out with columns=."
         )
     return names

@@ -24,7 +24,7 @@ nothing but the template's own text is refused.
 from __future__ import annotations
 
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 
 import numpy as np
@@ -154,17 +154,7 @@ class PromptTemplate:
     ) -> pa.Array:
         own = problems is None
         found = RowProblems() if problems is None else problems
-        null_mask: pa.Array | None = None
-        for name in self.fields:
-            column = batch.column(name)
-            if column.null_count:
-                is_null = pc.is_null(column)
-                found.add(
-                    f"null in column {name!r}",
-                    np.asarray(pc.indices_nonzero(is_null)) + offset,
-                    advice=f"Fill or filter the rows where {name!r} is null.",
-                )
-                null_mask = is_null if null_mask is None else pc.or_(null_mask, is_null)
+        null_mask = _missing_values(batch, self.fields, offset, found)
         use_fast = self.fast_path if fast is None else fast
         if use_fast and not self.fast_path:
             raise ValueError("this template needs the per-row path (it has format specs or conversions)")
@@ -268,3 +258,23 @@ class PromptTemplate:
                 failed.append(index)
                 first_error = first_error or f"{type(err).__name__}: {err}"
         return pa.array(out, type=pa.string()), failed, first_error
+
+
+def _missing_values(batch: pa.RecordBatch, fields: Iterable[str], offset: int, found: RowProblems) -> pa.Array | None:
+    """Record the rows with a null (or NaN: as text it would be "nan") in a referenced column; return their mask."""
+    mask: pa.Array | None = None
+    for name in fields:
+        column = batch.column(name)
+        checks = []
+        if column.null_count:
+            checks.append(("null", pc.is_null(column)))
+        if pa.types.is_floating(column.type):
+            checks.append(("NaN", pc.fill_null(pc.is_nan(column), False)))
+        for what, rows in checks:
+            found.add(
+                f"{what} in column {name!r}",
+                np.asarray(pc.indices_nonzero(rows)) + offset,
+                advice=f"Fill or filter the rows where {name!r} is {what}.",
+            )
+            mask = rows if mask is None else pc.or_(mask, rows)
+    return mask

@@ -1,7 +1,8 @@
 """Model prices (USD per 1M tokens) for cost estimates, with user overrides.
 
-The built-in table holds real-time list prices for common OpenAI and Anthropic models; batch
-prices are the list price less the provider's batch discount (50% for both). Prices change:
+The built-in table is the backends' own price lists (``Backend.prices``: real-time list prices of
+common models); batch prices are the list price less the backend's ``batch_discount`` (50% for
+OpenAI, Anthropic and Bedrock). Prices change:
 :data:`PRICES_AS_OF` says when this table was checked. Override or extend it with
 
 - a JSON or YAML file named by ``$AIRFLOW_BATCH_PRICING_FILE``, read on every :func:`load_pricing`;
@@ -34,57 +35,19 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.backends.gemini.prices import GEMINI_PRICES
+from airflow_batch_provider.backends.registry import all_backends, backend_for_model
 from airflow_batch_provider.exceptions import InvalidInputError
 
 PRICING_FILE_ENV = "AIRFLOW_BATCH_PRICING_FILE"
 DEFAULT_BATCH_DISCOUNT = 0.5
 PRICES_AS_OF = "2026-11-30"
-PRICES_SOURCE = (
-    "OpenAI API pricing page (platform/developers.openai.com/api/docs/pricing) and Anthropic's "
-    "pricing and model pages (platform.claude.com/docs/en/about-claude/pricing), Amazon Bedrock pricing "
-    "(aws.amazon.com/bedrock/pricing, us-east-1), Gemini Developer API pricing (ai.google.dev/gemini-api/docs/pricing, "
-    "paid tier, prompts up to 200K tokens); standard tier, "
-    "text tokens, short context, no prompt caching"
-)
 
-# model: (provider, input USD / 1M tokens, output USD / 1M tokens). Real-time list prices.
-_DEFAULTS: dict[str, tuple[str, float, float]] = {
-    # OpenAI
-    "gpt-4o-mini": ("openai", 0.15, 0.60),
-    "gpt-4o": ("openai", 2.50, 10.00),
-    "gpt-4.1": ("openai", 2.00, 8.00),
-    "gpt-4.1-mini": ("openai", 0.40, 1.60),
-    "gpt-4.1-nano": ("openai", 0.10, 0.40),
-    "o4-mini": ("openai", 1.10, 4.40),
-    "gpt-5": ("openai", 1.25, 10.00),
-    "gpt-5-mini": ("openai", 0.25, 2.00),
-    "gpt-5-nano": ("openai", 0.05, 0.40),
-    "gpt-5.4": ("openai", 2.50, 15.00),  # under 272K input tokens; longer prompts cost more
-    "gpt-5.4-mini": ("openai", 0.75, 4.50),
-    "gpt-5.4-nano": ("openai", 0.20, 1.25),
-    "gpt-5.5": ("openai", 5.00, 30.00),
-    "text-embedding-3-small": ("openai", 0.02, 0.0),
-    "text-embedding-3-large": ("openai", 0.13, 0.0),
-    # Anthropic (claude-sonnet-4-5 is left out: it reaches end of life on 2026-11-30)
-    "claude-haiku-4-5": ("anthropic", 1.00, 5.00),
-    "claude-sonnet-4-6": ("anthropic", 3.00, 15.00),
-    "claude-sonnet-5": ("anthropic", 2.00, 10.00),
-    "claude-opus-4-1": ("anthropic", 15.00, 75.00),
-    "claude-opus-4-5": ("anthropic", 5.00, 25.00),
-    "claude-opus-4-6": ("anthropic", 5.00, 25.00),
-    "claude-opus-4-7": ("anthropic", 5.00, 25.00),
-    # Amazon Bedrock, by model id (on-demand list prices, us-east-1; batch inference is 50% of them).
-    # Cross-region inference profiles (us.…, eu.…) may cost more: add them with a pricing file.
-    "anthropic.claude-3-haiku-20240307-v1:0": ("bedrock", 0.25, 1.25),
-    "anthropic.claude-3-5-haiku-20241022-v1:0": ("bedrock", 0.80, 4.00),
-    "anthropic.claude-haiku-4-5-20251001-v1:0": ("bedrock", 1.00, 5.00),
-    "amazon.nova-micro-v1:0": ("bedrock", 0.035, 0.14),
-    "amazon.nova-lite-v1:0": ("bedrock", 0.06, 0.24),
-    "amazon.nova-pro-v1:0": ("bedrock", 0.80, 3.20),
-    # Google Gemini (the backend's own price data)
-    **GEMINI_PRICES,
-}
+
+def prices_source() -> str:
+    """Say where the built-in prices come from (each backend names its own source)."""
+    sources = "; ".join(backend.prices_source for backend in all_backends() if backend.prices_source)
+    return f"{sources}; standard tier, text tokens, short context, no prompt caching"
+
 
 # What may follow a known name: a dated snapshot or an alias, nothing that names another model.
 _SNAPSHOT_SUFFIX = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8}|\d{4}|latest)")
@@ -169,9 +132,13 @@ class PricingTable:
 
 
 def default_pricing() -> PricingTable:
-    """Return the built-in table (no overrides applied)."""
+    """Return the built-in table: every backend's list prices less its batch discount (no overrides applied)."""
     return PricingTable(
-        (_price(model, provider, inp, out) for model, (provider, inp, out) in _DEFAULTS.items()),
+        (
+            _price(model, backend.name, inp, out, backend.batch_discount)
+            for backend in all_backends()
+            for model, (inp, out) in backend.prices.items()
+        ),
         sources=[f"built-in table as of {PRICES_AS_OF}"],
     )
 
@@ -263,8 +230,8 @@ def parse_prices(entries: Mapping[str, Any], *, source: str = "dict") -> list[Mo
     return prices
 
 
-def _price(model: str, provider: str, inp: float, out: float) -> ModelPrice:
-    keep = 1 - DEFAULT_BATCH_DISCOUNT
+def _price(model: str, provider: str, inp: float, out: float, discount: float) -> ModelPrice:
+    keep = 1 - discount
     return ModelPrice(model, provider, inp, out, inp * keep, out * keep)
 
 
@@ -278,10 +245,5 @@ def _number(value: Any, source: str, model: str, key: str) -> float:
 
 
 def _guess_provider(model: str) -> str:
-    if model.startswith("claude"):
-        return "anthropic"
-    if model.startswith("gemini-"):
-        return "gemini"
-    if model.startswith(("gpt-", "o1", "o3", "o4", "text-embedding", "chatgpt", "ft:")):
-        return "openai"
-    return "other"
+    backend = backend_for_model(model)
+    return backend.name if backend is not None else "other"

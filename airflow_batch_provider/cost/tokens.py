@@ -16,6 +16,9 @@ shorter than OpenAI's), and 2.7 for the Claude 5 generation, whose new tokenizer
 give ~30% more tokens for the same text. Text in scripts other than Latin runs longer than that:
 treat the approximation as ±25% for English and an undercount for CJK text.
 
+The rules are the backends' (:meth:`~airflow_batch_provider.backends.base.Backend.token_rules`,
+``countable_request`` and ``chat_format_tokens``); the figures above are the built-ins'.
+
 **Overhead.** Plain strings are counted as they are. A chat request adds what OpenAI's chat
 format adds: 4 tokens per message (3 + the role) and 3 to prime the reply; a Claude request adds
 3 per message. ``tools`` and ``response_format`` schemas are counted as their JSON text (the
@@ -37,12 +40,14 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import orjson
 
+from airflow_batch_provider.backends.base import CountableRequest, TokenRules
+from airflow_batch_provider.backends.registry import all_backends, backend_for_model, find_backend
 from airflow_batch_provider.cost.answers import OutputTally, answer_schema, typical_answer
 from airflow_batch_provider.cost.encodings import TIKTOKEN_DIR_ENV, load_encoding
 from airflow_batch_provider.exceptions import InvalidInputError
@@ -52,38 +57,25 @@ log = logging.getLogger(__name__)
 
 EXACT_LIMIT = 20_000
 SAMPLE_SIZE = 5_000
-OPENAI_TOKENS_PER_MESSAGE = 4  # 3 framing tokens + the role, per OpenAI's chat-format accounting
-OPENAI_REPLY_PRIMING = 3
-ANTHROPIC_TOKENS_PER_MESSAGE = 3
-CHARS_PER_TOKEN = {"openai": 4.0, "anthropic": 3.5, "other": 4.0}
-_NEW_CLAUDE_TOKENIZER = ("claude-sonnet-5", "claude-opus-5", "claude-fable", "claude-mythos", "claude-haiku-5")
-_NEW_CLAUDE_CHARS_PER_TOKEN = 2.7
+# A bare chat body (no batch-line wrapper) is counted with the chat format of the counter's backend
+# (OpenAI's without one), or as a Messages body when it carries a top-level "system", which only
+# Messages-style bodies have.
+CHAT_FORMAT_TOKENS = (4, 3)  # OpenAI's: 3 framing tokens + the role per message, 3 to prime the reply
+MESSAGES_FORMAT_TOKENS = (3, 0)
 
 _OUTPUT_KEYS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 def provider_of(model: str) -> str:
-    """Return ``"openai"``, ``"anthropic"`` or ``"other"`` for a model name."""
-    if model.startswith(("claude", "anthropic.")):
-        return "anthropic"
-    if model.startswith(("gpt-", "o1", "o3", "o4", "text-embedding", "chatgpt-", "ft:", "davinci", "babbage")):
-        return "openai"
-    return "other"
+    """Return the name of the backend whose models ``model`` looks like, or ``"other"``."""
+    backend = backend_for_model(model)
+    return backend.name if backend is not None else "other"
 
 
-def encoding_name_for(model: str) -> str | None:
-    """Return the tiktoken encoding of an OpenAI model (None for other providers)."""
-    if provider_of(model) != "openai":
-        return None
-    try:
-        from tiktoken.model import encoding_name_for_model
-
-        return encoding_name_for_model(model)
-    except (ImportError, KeyError):
-        pass
-    if model.startswith(("text-embedding", "gpt-3.5", "gpt-4-", "ft:gpt-4:", "ft:gpt-3.5")) or model == "gpt-4":
-        return "cl100k_base"
-    return "o200k_base"
+def token_rules_for(model: str, provider: str | None = None) -> TokenRules:
+    """Return how to count ``model``'s tokens: its backend's rules, else 4 characters a token."""
+    backend = find_backend(provider) if provider else backend_for_model(model)
+    return backend.token_rules(model) if backend is not None else TokenRules()
 
 
 # ----------------------------------------------------------------------------------- counting
@@ -96,7 +88,8 @@ class TokenCounter:
         self.model = model
         self.provider = provider or provider_of(model)
         self.encoding: Any | None = None
-        name = encoding_name_for(model) if self.provider == "openai" else None
+        rules = token_rules_for(model, self.provider)
+        name = rules.encoding
         if exact is not False and name is not None:
             self.encoding = load_encoding(name)
         if exact and self.encoding is None:
@@ -106,9 +99,7 @@ class TokenCounter:
                 if name
                 else f"No offline tokenizer exists for {model!r}; only the approximation is available."
             )
-        self.chars_per_token = CHARS_PER_TOKEN.get(self.provider, 4.0)
-        if self.provider == "anthropic" and model.startswith(_NEW_CLAUDE_TOKENIZER):
-            self.chars_per_token = _NEW_CLAUDE_CHARS_PER_TOKEN
+        self.chars_per_token = rules.chars_per_token
 
     @property
     def method(self) -> str:
@@ -159,8 +150,7 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     """Split a plain text, a JSONL line, a batch line dict or a request body into countable parts.
 
     Accepts an OpenAI batch line (``{custom_id, method, url, body}``), an Anthropic one
-    (``{custom_id, params}``), a Bedrock one (``{custom_id, modelInput}``), a Gemini one
-    (``{custom_id, request}``), or a bare body with
+    (``{custom_id, params}``), a Bedrock one (``{custom_id, modelInput}``), or a bare body with
     ``messages``, ``input`` or ``prompt``.
     """
     if isinstance(item, str):
@@ -168,55 +158,53 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     data: Any = orjson.loads(item) if isinstance(item, bytes | bytearray | memoryview) else item
     if not isinstance(data, Mapping):
         raise InvalidInputError(f"Cannot count tokens of a request that is a {type(data).__name__}, not an object.")
-    if isinstance(data.get("request"), Mapping):  # Gemini: {custom_id, request: GenerateContentRequest}
-        from airflow_batch_provider.backends.gemini.tokens import gemini_request_parts
-
-        texts, cap, answer = gemini_request_parts(data["request"])
-        return RequestParts(texts, 0, cap, typical_answer=answer)
-    if isinstance(data.get("params"), Mapping):
-        data, provider = data["params"], "anthropic"
-    elif isinstance(data.get("modelInput"), Mapping):
-        data, provider = _bedrock_input(data["modelInput"], provider)
-    elif isinstance(data.get("body"), Mapping):
-        data = data["body"]
+    counted = _countable(data)
+    data = counted.body if counted is not None else data
     max_output = next((data[k] for k in _OUTPUT_KEYS if isinstance(data.get(k), int)), None)
     pieces: list[str] = []
     overhead = 0
     if "messages" in data:
-        return _chat_parts(data, provider, max_output)
+        if counted is None:
+            backend = find_backend(provider)
+            fmt = MESSAGES_FORMAT_TOKENS if "system" in data else None
+            fmt = fmt or (backend.chat_format_tokens if backend is not None else CHAT_FORMAT_TOKENS)
+            counted = CountableRequest(data, *fmt)
+        parts = _chat_parts(data, counted, max_output)
+        return parts if counted.typical_answer is None else replace(parts, typical_answer=counted.typical_answer)
     if "input" in data:  # embeddings: no output
         overhead += _add_content(data["input"], pieces)
         return RequestParts(tuple(pieces), overhead, 0, produces_output=False)
     if "prompt" in data:
         overhead += _add_content(data["prompt"], pieces)
-        return RequestParts(tuple(pieces), overhead, max_output)
+        return RequestParts(
+            tuple(pieces), overhead, max_output, typical_answer=counted.typical_answer if counted else None
+        )
     raise InvalidInputError(
         "Cannot find the text of a request: expected 'messages', 'input' or 'prompt' in its body, "
         f"got keys {sorted(data)}."
     )
 
 
-def _bedrock_input(data: Mapping[str, Any], provider: str) -> tuple[Mapping[str, Any], str]:
-    """Return a Bedrock ``modelInput`` (Anthropic Messages or Nova messages-v1) as a countable body."""
-    provider = "anthropic" if "anthropic_version" in data else provider
-    config = data.get("inferenceConfig")
-    if isinstance(config, Mapping) and isinstance(config.get("maxTokens"), int):
-        data = {**data, "max_tokens": config["maxTokens"]}
-    return data, provider
+def _countable(data: Mapping[str, Any]) -> CountableRequest | None:
+    """Return the body of a batch line in any backend's format (None: ``data`` is a bare body)."""
+    for backend in all_backends():
+        counted = backend.countable_request(data)
+        if counted is not None:
+            return counted
+    return None
 
 
-def _chat_parts(data: Mapping[str, Any], provider: str, max_output: int | None) -> RequestParts:
+def _chat_parts(data: Mapping[str, Any], counted: CountableRequest, max_output: int | None) -> RequestParts:
     """Return the parts of a chat request: system, every message, tools and response format."""
     pieces: list[str] = []
     overhead = 0
-    anthropic = provider == "anthropic" or "system" in data
-    per_message = ANTHROPIC_TOKENS_PER_MESSAGE if anthropic else OPENAI_TOKENS_PER_MESSAGE
+    per_message, priming = counted.tokens_per_message, counted.reply_priming
     _add_content(data.get("system"), pieces)
     for message in data.get("messages") or ():
         overhead += per_message
         if isinstance(message, Mapping):
             _add_content(message.get("content"), pieces)
-    overhead += 0 if anthropic else OPENAI_REPLY_PRIMING
+    overhead += priming
     structure = {key: orjson.dumps(data[key]).decode() for key in _STRUCTURE_KEYS if data.get(key)}
     pieces.extend(structure[key] for key in ("tools", "response_format") if key in structure)
     answer = _typical_answer_of(tuple(structure.items())) if structure else None

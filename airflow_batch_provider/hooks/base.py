@@ -1,9 +1,10 @@
-"""BatchHook: the whole contract between this provider and a batch backend.
+"""BatchHook: the run-time half of the contract between this provider and a batch backend.
 
 Operators, the sensor and the trigger only call what is declared here; provider SDKs are
-imported by the concrete hooks alone. A backend implements the abstract methods and overrides
-the defaults that do not fit it; nothing else is looked up at run time. Backends are found by
-name in :mod:`airflow_batch_provider.hooks.registry` (one line per backend).
+imported by the concrete hooks alone. A backend's hook implements the abstract methods and
+overrides the defaults that do not fit it; nothing else is looked up at run time. The other half
+(request lines, checks, limits, prices, links) is :class:`~airflow_batch_provider.backends.base.Backend`;
+:mod:`airflow_batch_provider.hooks.registry` turns a provider name into its hook.
 
 Life of one chunk, and the methods each step calls:
 
@@ -42,7 +43,7 @@ IDEMPOTENCY_METADATA_KEY = "airflow_idempotency_key"
 class BatchHook(BaseHook, ABC):
     """Submit a chunk file as a provider batch, watch it, cancel it and read its results.
 
-    Class attributes a backend sets: ``provider`` (its registry name, also written in chunk
+    Class attributes a backend sets: ``provider`` (its backend's name, also written in chunk
     descriptors), ``limits`` (requests and bytes per batch), ``default_conn_name``; and, when
     they hold, ``exact_reconcile`` and ``supports_token_budget``.
     """

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
-from airflow_batch_provider.chunking.limits import OPENAI_LIMITS, ProviderLimits
+from airflow_batch_provider.backends.openai import OPENAI_LIMITS
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import BatchProviderError, InvalidInputError
 from airflow_batch_provider.hooks.base import BatchHook

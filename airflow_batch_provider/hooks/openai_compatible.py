@@ -26,7 +26,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
@@ -34,10 +33,10 @@ import openai
 from airflow.sdk import BaseHook
 from airflow.sdk.log import mask_secret
 
+from airflow_batch_provider.backends.openai.hook import classify_openai_error
 from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.local_results import ResultCounts, error_line, success_line
-from airflow_batch_provider.hooks.openai_batch import classify_openai_error
-from airflow_batch_provider.hooks.tls import with_shared_tls
+from airflow_batch_provider.hooks.sdk_clients import new_client
 from airflow_batch_provider.utils.adaptive import AdaptiveLimit
 from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import RetryPolicy
@@ -127,9 +126,13 @@ class OpenAICompatibleHook(BaseHook):
         self.timeout = timeout
 
     # -- clients ---------------------------------------------------------------------------------
-    @cached_property
+    @property
     def client_kwargs(self) -> dict[str, Any]:
-        """SDK client arguments built from the connection (read once)."""
+        """SDK client arguments built from the connection, each time they are asked for.
+
+        Not cached on the hook: they hold the key and the header values, which must not outlive the
+        call in ``vars(hook)`` or a pickle of it (a hook travels with an operator or a trigger).
+        """
         quiet_transport_logs()  # every client is built from these: no INFO line per request
         conn = self.get_connection(self.conn_id)
         extra = conn.extra_dejson or {}
@@ -160,7 +163,7 @@ class OpenAICompatibleHook(BaseHook):
 
     def get_conn(self) -> openai.OpenAI:
         """Return a synchronous SDK client (for quick checks; generation uses the async client)."""
-        return openai.OpenAI(**with_shared_tls(openai, self.client_kwargs, asynchronous=False))
+        return new_client(openai.OpenAI, self.client_kwargs)
 
     def test_connection(self) -> tuple[bool, str]:
         """List the server's models (what the UI's Test button calls)."""
@@ -264,9 +267,12 @@ class OpenAICompatibleHook(BaseHook):
 
         # The SDK's own retries are off: each attempt must reach the adaptive limit (and the SDK
         # would log a "Retrying request" line at INFO for every one).
-        client_kwargs = with_shared_tls(openai, {**self.client_kwargs, "max_retries": 0}, asynchronous=True)
+        client_kwargs = {**self.client_kwargs, "max_retries": 0}
         try:
-            async with openai.AsyncOpenAI(**client_kwargs) as client, asyncio.TaskGroup() as group:
+            async with (
+                new_client(openai.AsyncOpenAI, client_kwargs, asynchronous=True) as client,
+                asyncio.TaskGroup() as group,
+            ):
                 for request in requests:
                     await semaphore.acquire()  # bounds both requests in flight and tasks alive
                     group.create_task(one(client, request))

@@ -1,9 +1,11 @@
-"""The batch backends by provider name: one line per backend, each hook module imported only when used.
+"""Provider name → hook: the batch backends' hooks, and the local-results hooks of self-hosted runs.
 
 Chunk descriptors name their provider (``"openai"``, ``"anthropic"``, ...); operators, the sensor
-and the trigger turn that name into a hook here. The table holds import paths, not classes, so
-that choosing one backend never imports another's SDK, and so that the hook modules import
-nothing from here (the base class knows no backend).
+and the trigger turn that name into a hook here. Batch backends are found through the
+``airflow_batch_provider.backends`` entry-point group
+(:mod:`airflow_batch_provider.backends.registry`); the self-hosted runs (vLLM in the worker, an
+OpenAI-compatible server) write their results as local files and have a hook but no backend, so
+they are listed here. Either way a hook's module is imported only when its provider is used.
 """
 
 from __future__ import annotations
@@ -11,34 +13,36 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from airflow_batch_provider.backends.registry import backend_names, get_backend
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.base import BatchHook
 
-#: provider name → ``"module:Class"`` of its :class:`~airflow_batch_provider.hooks.base.BatchHook`.
-BACKENDS: dict[str, str] = {
-    "openai": "airflow_batch_provider.hooks.openai_batch:OpenAIBatchHook",
-    "anthropic": "airflow_batch_provider.hooks.anthropic_batch:AnthropicBatchHook",
-    "bedrock": "airflow_batch_provider.hooks.bedrock_batch:BedrockBatchHook",
-    "gemini": "airflow_batch_provider.backends.gemini.hook:GeminiBatchHook",
-    # Self-hosted: the operator writes results as local files in the OpenAI output format.
+#: Self-hosted runs' provider name → ``"module:Class"`` of the hook that reads their local results.
+LOCAL_RESULTS_HOOKS: dict[str, str] = {
     "vllm": "airflow_batch_provider.hooks.local_results:VLLMResultsHook",
     "server": "airflow_batch_provider.hooks.local_results:ServerResultsHook",
 }
 
 
+def provider_names() -> list[str]:
+    """Return every provider name a chunk descriptor may carry, sorted."""
+    return sorted({*backend_names(), *LOCAL_RESULTS_HOOKS})
+
+
 def hook_class_for(provider: str) -> type[BatchHook]:
     """Return the hook class that serves ``provider``, importing its module now."""
-    try:
-        target = BACKENDS[provider]
-    except KeyError:
-        raise InvalidInputError(
-            f"Unknown provider {provider!r}; choose one of {sorted(BACKENDS)} "
-            "(see the README's 'Adding a backend' to add one)."
-        ) from None
+    target = LOCAL_RESULTS_HOOKS.get(provider) if isinstance(provider, str) else None
+    if target is None:
+        if provider not in backend_names():
+            raise InvalidInputError(
+                f"Unknown provider {provider!r}; choose one of {provider_names()} "
+                "(see the README's 'Adding a backend' to add one)."
+            )
+        return get_backend(provider).hook_class()
     module_name, _, class_name = target.partition(":")
     hook_class = getattr(importlib.import_module(module_name), class_name)
     if not (isinstance(hook_class, type) and issubclass(hook_class, BatchHook)):
-        raise TypeError(f"BACKENDS[{provider!r}] = {target!r} is not a BatchHook subclass")
+        raise TypeError(f"LOCAL_RESULTS_HOOKS[{provider!r}] = {target!r} is not a BatchHook subclass")
     return hook_class
 
 

@@ -14,37 +14,56 @@ trigger runs of the intake DAG (``dag_id``, default ``stream_intake``).
 request                answer meaning
 =====================  =====  ============================================================
 POST /v1/requests      202    ``{"request_id": ..., "status": "accepted"}``: on the queue
-  {"prompt": ...,      400    not a valid request (the reason; nothing enqueued)
-   "request_id"?: ...} 401    no / expired token;  403: invalid token or not allowed
+  {"prompt": ...,      400    not a valid request: not JSON (NaN, a lone surrogate), no or
+   "request_id"?: ...}        a non-string prompt, a bad id, a field other than these two
+                       401    no / expired token;  403: invalid token or not allowed
+                       413    body over ``MAX_BODY_BYTES``, or the message over the 256 KB cap
                        503    queue deeper than max_depth: ``Retry-After: <s>``, ``retry_after``
 GET /v1/queue          200    ``{"depth", "waiting", "max_depth"}``
 GET /health            200    ``{"ok": true}`` (no auth)
 =====================  =====  ============================================================
+
+Hostile callers: the token is checked from the headers before a byte of the body is read (an
+anonymous caller gets 401 and the connection closed); the body is read in pieces and refused
+with 413 as soon as it passes the cap; at most ``max_bodies`` bodies are read at once. So memory
+stays flat however many large bodies arrive. The body is decoded by the queue's own decoder
+(:meth:`IntakeRequest.decode`): one rule for a message sent here and one put on the queue
+directly. A caller's own ``request_id`` is scoped to the caller (``u<12 hex of the user id>-<id>``,
+the id the answer carries): two callers choosing the same id never overwrite each other's row.
+There is no OpenAPI schema or docs page to read without a token.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
 
 from airflow_batch_provider.intake.errors import MalformedMessageError, QueueFullError
+from airflow_batch_provider.intake.messages import (
+    MAX_MESSAGE_BYTES,
+    REQUEST_ID_PATTERN,
+    IntakeRequest,
+    new_request_id,
+)
 from airflow_batch_provider.intake.producer import BatchQueueProducer
 
 Authorizer = Callable[[str | None], Awaitable[Any]]
 _bearer = HTTPBearer(auto_error=False)
-
-
-class SubmitBody(BaseModel):
-    """One request: the prompt, and optionally your own id (send the same id again after a 503)."""
-
-    prompt: str
-    request_id: str | None = None
+#: A body may be larger than the message it becomes (JSON escapes: ``\\u00e9`` is 6 bytes for 2).
+MAX_BODY_BYTES = 2 * MAX_MESSAGE_BYTES
+DEFAULT_MAX_BODIES = 16
+BODY_SLOT_WAIT_S = 10.0
+_CLOSE = {"Connection": "close"}  # an answer sent before the body was read: drop the rest of it
+_SCOPE_HEX = 12
+#: Room left for a caller's own id once scoped (``u`` + hex + ``-``; ids are at most 64 characters).
+MAX_CALLER_ID = 64 - _SCOPE_HEX - 2
 
 
 def airflow_authorizer(dag_id: str = "stream_intake") -> Authorizer:
@@ -78,31 +97,111 @@ def airflow_authorizer(dag_id: str = "stream_intake") -> Authorizer:
 async def current_user(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Any:
-    """Authorize the request's bearer token with the app's authorizer (module level: FastAPI resolves it by name)."""
+    """Authorize the request's bearer token with the app's authorizer (module level: FastAPI resolves it by name).
+
+    It reads only the headers: a refused caller's body is never read (the connection is closed).
+    """
     authorize: Authorizer = request.app.state.authorize
-    return await authorize(credentials.credentials if credentials else None)
+    try:
+        return await authorize(credentials.credentials if credentials else None)
+    except HTTPException as exc:
+        raise HTTPException(exc.status_code, exc.detail, headers={**(exc.headers or {}), **_CLOSE}) from None
 
 
 User = Annotated[Any, Depends(current_user)]
 
 
-def create_app(producer: BatchQueueProducer, authorize: Authorizer) -> FastAPI:
-    """Build the app around one producer; ``authorize(token)`` raises HTTPException or returns the user."""
-    app = FastAPI(title="LLM batch intake", docs_url=None, redoc_url=None)
+def scoped_request_id(user: Any, request_id: str) -> str:
+    """Return the caller's ``request_id`` scoped to the caller: ``u<12 hex of the user id>-<request_id>``."""
+    owner = str(user.get_id() if hasattr(user, "get_id") else user)
+    return f"u{hashlib.sha256(owner.encode('utf-8')).hexdigest()[:_SCOPE_HEX]}-{request_id}"
+
+
+def parse_submission(body: bytes, user: Any) -> IntakeRequest:
+    """Decode a ``POST /v1/requests`` body with the queue's decoder; raise ``MalformedMessageError`` (400)."""
+    try:
+        data = orjson.loads(body)  # strict JSON: NaN, Infinity and lone surrogates are refused here
+    except orjson.JSONDecodeError as exc:
+        raise MalformedMessageError(f"the body is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise MalformedMessageError(f"expected a JSON object, got {type(data).__name__}")
+    own = data.get("request_id")
+    if own is None:
+        data["request_id"] = new_request_id()
+    elif not isinstance(own, str) or len(own) > MAX_CALLER_ID or not REQUEST_ID_PATTERN.fullmatch(own):
+        raise MalformedMessageError(
+            f"request_id {own!r} is not 1-{MAX_CALLER_ID} characters of A-Z a-z 0-9 _ - "
+            "(the id you choose is scoped to you: the answer's request_id is longer)"
+        )
+    else:
+        data["request_id"] = scoped_request_id(user, own)
+    return IntakeRequest.decode(orjson.dumps(data))
+
+
+def check_message_size(message: IntakeRequest) -> None:
+    """Raise 413 when the message would be over the queue's cap (what ``IntakeRequest.encode`` refuses)."""
+    size = len(orjson.dumps({"request_id": message.request_id, "prompt": message.prompt}))
+    if size > MAX_MESSAGE_BYTES:
+        raise HTTPException(
+            413,
+            f"request {message.request_id}: the message is {size:,} bytes, over the {MAX_MESSAGE_BYTES:,}-byte cap; "
+            "shorten the prompt or send it through a table instead",
+        )
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """Read the body piece by piece; raise 413 as soon as it passes ``limit`` (or says it will)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"the body is {int(declared):,} bytes, over the {limit:,}-byte cap", headers=_CLOSE)
+    parts: list[bytes] = []
+    size = 0
+    async for piece in request.stream():
+        size += len(piece)
+        if size > limit:
+            raise HTTPException(413, f"the body is over the {limit:,}-byte cap", headers=_CLOSE)
+        parts.append(piece)
+    return b"".join(parts)
+
+
+def create_app(
+    producer: BatchQueueProducer,
+    authorize: Authorizer,
+    max_bodies: int = DEFAULT_MAX_BODIES,
+    slot_wait_s: float = BODY_SLOT_WAIT_S,
+) -> FastAPI:
+    """Build the app around one producer; ``authorize(token)`` raises HTTPException or returns the user.
+
+    ``max_bodies``: request bodies read at once; a request that finds no slot within
+    ``slot_wait_s`` seconds gets 503 + Retry-After.
+    """
+    app = FastAPI(title="LLM batch intake", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.authorize = authorize
+    slots = asyncio.Semaphore(max_bodies)
 
     @app.post("/v1/requests", status_code=202)
-    async def submit(body: SubmitBody, _user: User) -> Any:
+    async def submit(request: Request, user: User) -> Any:
         try:
-            request_id = await asyncio.to_thread(producer.submit, body.prompt, body.request_id)
+            await asyncio.wait_for(slots.acquire(), slot_wait_s)
+        except TimeoutError:
+            raise HTTPException(503, "too many requests at once", headers={"Retry-After": "1", **_CLOSE}) from None
+        try:
+            body = await read_body(request)
+        finally:
+            slots.release()
+        try:
+            message = parse_submission(body, user)
+        except MalformedMessageError as exc:
+            raise HTTPException(400, exc.reason) from None
+        check_message_size(message)
+        try:
+            request_id = await asyncio.to_thread(producer.submit, message.prompt, message.request_id)
         except QueueFullError as exc:
             return JSONResponse(
                 {"detail": str(exc), "retry_after": exc.retry_after, "depth": exc.depth, "max_depth": exc.max_depth},
                 status_code=503,
                 headers={"Retry-After": str(exc.retry_after)},
             )
-        except MalformedMessageError as exc:
-            raise HTTPException(400, exc.reason) from None
         return {"request_id": request_id, "status": "accepted"}
 
     @app.get("/v1/queue")

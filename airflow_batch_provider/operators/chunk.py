@@ -68,10 +68,10 @@ class ChunkOperator(BaseOperator):
         ``.jsonl``/``.ndjson`` or a folder of one of them. Templated.
     :param prompt_template: ``str.format`` template over the table's columns; not templated.
     :param model: model name written into every request. Templated.
-    :param provider: ``"openai"`` (default), ``"anthropic"``, ``"bedrock"`` or ``"gemini"``. Templated (checked
-        once rendered).
-    :param endpoint: OpenAI ``/v1/chat/completions`` (default), ``/v1/embeddings``, ``/v1/completions``;
-        Anthropic ``/v1/messages`` (default); Gemini ``/v1beta/models:generateContent`` (the only one).
+    :param provider: the name of an installed batch backend (built in: ``"openai"``, the default,
+        ``"anthropic"``, ``"bedrock"`` and ``"gemini"``; see docs/backends.md). Templated (checked once rendered).
+    :param endpoint: one of the backend's endpoints (``Backend.endpoints``; default: its first, e.g.
+        OpenAI's ``/v1/chat/completions``).
     :param job_dir: folder for this job's files; default
         ``{$AIRFLOW_BATCH_WORK_DIR or $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}-{hash}/{task_id}``
         (the run_id cleaned to ``[A-Za-z0-9._-]``, plus 8 hex of its sha256 so that every run_id gets
@@ -79,10 +79,10 @@ class ChunkOperator(BaseOperator):
     :param system_prompt: optional system prompt. Templated.
     :param id_column: column whose values become custom_ids; default: a hash of each row. Templated.
     :param request_params: request parameters passed into every request body (``max_tokens``,
-        ``temperature``, ``stop``...); Anthropic requires ``max_tokens``. Not templated: Jinja would
-        turn numbers into strings.
+        ``temperature``, ``stop``...), checked by the backend before any row is read (some require
+        ``max_tokens``). Not templated: Jinja would turn numbers into strings.
     :param response_schema: JSON Schema dict or pydantic model class for structured output.
-    :param chunk_size: requests per chunk, 1 … 50,000 (OpenAI) / 100,000 (Anthropic). Templated
+    :param chunk_size: requests per chunk, 1 … the backend's ``limits.max_requests``. Templated
         (e.g. ``"{{ params.chunk_size }}"``: checked once rendered).
         A job may have at most ``[core] max_map_length`` chunks (1,024 by default; see docs/performance.md).
     :param byte_cap: bytes per chunk file; default: the provider's safe cap.

@@ -119,7 +119,9 @@ class MergeResultsOperator(BaseOperator):
         if limit is not None:
             summary["max_failure_ratio"] = limit
             summary["chunks_over_failure_ratio"] = [c["label"] for c in over]
-        summary["report"] = write_run_report(self.output_dir, summary, per_chunk, _report_title(self.dag_id, context))
+        summary["report"] = write_run_report(
+            self.output_dir, summary, per_chunk, _report_title(self.dag_id, context), _run_key(self, context)
+        )
         with atomic_write(str(OutputFolder(self.output_dir).summary)) as out:
             out.write(orjson.dumps(summary, option=orjson.OPT_INDENT_2))
         self.log.info("Batch job summary\n%s", format_summary_table(summary))
@@ -225,6 +227,12 @@ def _failure_ratio(value: float | str | None) -> float | None:
 def _report_title(dag_id: str | None, context: Context) -> str:
     run = context.get("dag_run")
     return f"{dag_id} / {run.run_id}" if run is not None else str(dag_id)
+
+
+def _run_key(task: BaseOperator, context: Context) -> tuple[str, str, str] | None:
+    """The run's identity, where the "LLM batches" view finds the report (report/location.py)."""
+    run = context.get("dag_run")
+    return (str(task.dag_id), str(run.run_id), task.task_id) if run is not None else None
 
 
 def _too_many_failures_message(over: list[dict[str, Any]], limit: float | None, num_chunks: int) -> str:

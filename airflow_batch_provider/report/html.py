@@ -8,13 +8,13 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from airflow_batch_provider.report.charts import STATUS_COLOURS, cost_chart, latency_timeline, status_chart
+from airflow_batch_provider.report.location import REPORT_FILE, published_report
 from airflow_batch_provider.report.model import RunReport, build_report
-from airflow_batch_provider.utils.storage import atomic_write, join
+from airflow_batch_provider.utils.storage import atomic_write, join, makedirs
 
 if TYPE_CHECKING:
     from airflow_batch_provider.results.merge import MergeStats
 
-REPORT_FILE = "_REPORT.html"
 CHUNK_TABLE_LIMIT = 1_000  # the per-chunk table lists at most this many chunks (the worst first beyond it)
 
 _STYLE = """
@@ -43,7 +43,7 @@ def _seconds(value: float | None) -> str:
 
 
 def _card(label: str, value: str, test_id: str) -> str:
-    return f'<div class="card" data-testid="{test_id}"><b>{escape(value)}</b>{escape(label)}</div>'
+    return f'<div class="card" data-testid="{escape(test_id)}"><b>{escape(value)}</b>{escape(label)}</div>'
 
 
 def _header(report: RunReport) -> str:
@@ -179,10 +179,21 @@ def write_run_report(
     summary: Mapping[str, Any],
     chunks: Sequence[tuple[Mapping[str, Any], MergeStats]],
     title: str = "",
+    run_key: tuple[str, str, str] | None = None,
 ) -> str:
-    """Write ``output_dir/_REPORT.html`` (through a temporary name) and return its path."""
+    """Write ``output_dir/_REPORT.html`` (through a temporary name) and return its path.
+
+    ``run_key`` (dag_id, run_id, merge task_id): also publish it under the report root, where the
+    "LLM batches" view serves it from (:mod:`.location`).
+    """
     report = build_report(title or str(summary.get("output", "")), summary, chunks)
+    content = render_report(report).encode("utf-8")
     path = join(output_dir, REPORT_FILE)
     with atomic_write(path) as out:
-        out.write(render_report(report).encode("utf-8"))
+        out.write(content)
+    if run_key is not None:
+        published = published_report(*run_key)
+        makedirs(str(published.parent))
+        with atomic_write(str(published)) as out:
+            out.write(content)
     return path

@@ -37,15 +37,13 @@ from airflow.sdk.exceptions import AirflowSensorTimeout, AirflowTaskTimeout
 from airflow_batch_provider.batches.checkpoint import Checkpoint
 from airflow_batch_provider.batches.line_retry import (
     DEFAULT_MAX_LINE_RETRIES,
-    attempt_chunk,
     cancelled_by_us,
-    followup_chunk,
     mark_cancelled_by_us,
     nothing_to_retry,
-    plan_followup,
 )
-from airflow_batch_provider.batches.submission import cancel_siblings, submit_tagged
-from airflow_batch_provider.batches.token_budget import RefusalStep, is_token_limit_refusal, refusal_step
+from airflow_batch_provider.batches.resubmit import Resubmission
+from airflow_batch_provider.batches.submission import cancel_siblings
+from airflow_batch_provider.batches.token_budget import is_token_limit_refusal
 from airflow_batch_provider.descriptors import ChunkDescriptor, CompletedBatch, SubmittedBatch
 from airflow_batch_provider.exceptions import BatchCancelledError, BatchPollError, BatchProviderError, BatchTimeoutError
 from airflow_batch_provider.hooks.base import BatchHook
@@ -57,11 +55,8 @@ from airflow_batch_provider.sensors.deferral import default_deferrable
 from airflow_batch_provider.sensors.errors import (
     cancelled_error,
     failed_error,
-    format_errors,
-    refused_error,
-    top_failures,
 )
-from airflow_batch_provider.sensors.record import Attempt, Finished, Outcome, PollNext, WaitRecord, WaitUntil
+from airflow_batch_provider.sensors.record import Finished, Outcome, PollNext, WaitRecord, WaitUntil
 from airflow_batch_provider.status import BatchState, BatchStatus
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 
@@ -281,7 +276,9 @@ class BatchCompleteSensor(BaseSensorOperator):
         label = self._label if attempt == 1 else f"{self._label} attempt {attempt}"
         if state.status is BatchStatus.FAILED:
             if is_token_limit_refusal(state):
-                return self._token_limit_wait(context, state, attempt)
+                return self._resubmission(context).token_limit_wait(
+                    state, attempt, interval=self.token_limit_retry_interval, max_wait=self.token_limit_max_wait
+                )
             raise failed_error(label, state)
         if state.status is BatchStatus.CANCELLED:
             if self._cancel_note(state.batch_id):
@@ -292,41 +289,8 @@ class BatchCompleteSensor(BaseSensorOperator):
         self.record.current.state = state
         self._save()
         if attempt > self.max_line_retries or nothing_to_retry(state):
-            return self._finish()
-        return self._follow_up(context, state, attempt, label)
-
-    def _follow_up(self, context: Context, state: BatchState, attempt: int, label: str) -> Finished | PollNext:
-        """Send attempt ``attempt``'s retryable failed lines as attempt ``attempt + 1`` (or finish: none)."""
-        scan, written = plan_followup(self.hook, self.batch, state, attempt)
-        if scan.final_failures:
-            self.log.info("%s: %d line(s) failed for good: %s",
-                          label, scan.final_failed, top_failures(scan.final_failures))  # fmt: skip
-        if written is None:
-            return self._finish()
-        submitted = self._submit(context, followup_chunk(self.batch, attempt + 1, written), f"attempt-{attempt + 1}")
-        self.record.attempts.append(Attempt(submitted["batch_id"]))
-        self._save()
-        self.log.warning("%s: %d line(s) failed retryably (%s); sent them again as batch %s (attempt %d of at most %d)",
-                         label, len(scan.retry_ids), top_failures(scan.retryable), submitted["batch_id"],
-                         attempt + 1, self.max_line_retries + 1)  # fmt: skip
-        return PollNext(submitted["batch_id"])
-
-    def _token_limit_wait(self, context: Context, state: BatchState, attempt: int) -> WaitUntil | PollNext:
-        wait = self.record.token_wait = self.record.token_wait or {}
-        first_look = "resubmit_at" not in wait
-        step = refusal_step(
-            wait, now=time.time(), interval=self.token_limit_retry_interval, max_wait=self.token_limit_max_wait
-        )
-        detail = format_errors(state.errors)
-        if step is RefusalStep.GIVE_UP:
-            raise refused_error(self._label, state, waited=time.time() - wait["since"])
-        if step is RefusalStep.WAIT:
-            if first_look:
-                self._save()
-                self.log.warning("%s: batch %s refused (%s); the same lines go again in %.0f s",
-                                 self._label, state.batch_id, detail, wait["resubmit_at"] - time.time())  # fmt: skip
-            return WaitUntil(wait["resubmit_at"])
-        return self._replace(context, attempt)
+            return self._resubmission(context).finish()
+        return self._resubmission(context).follow_up(state, attempt, label)
 
     def _after_our_cancel(self, context: Context, state: BatchState, attempt: int) -> PollNext:
         why = self._cancel_note(state.batch_id)
@@ -338,39 +302,12 @@ class BatchCompleteSensor(BaseSensorOperator):
             )
         self.log.warning("%s: an earlier run cancelled batch %s (%s); this run sends its lines again",
                          self._label, state.batch_id, why)  # fmt: skip
-        return self._replace(context, attempt)
+        return self._resubmission(context).replace(attempt)
 
-    def _replace(self, context: Context, attempt: int) -> PollNext:
-        """Send the current attempt's lines again as a new batch (after a refusal, or our own cancel)."""
-        current = self.record.current
-        current.replaced.append(current.batch_id)
-        chunk = attempt_chunk(self.batch, attempt)
-        submitted = self._submit(context, chunk, f"attempt-{attempt}.resubmit-{len(current.replaced)}")
-        current.batch_id = submitted["batch_id"]
-        self._save()
-        self.log.info("%s: resubmitted the lines of batch %s as batch %s", self._label, current.replaced[-1],
-                      submitted["batch_id"])  # fmt: skip
-        return PollNext(submitted["batch_id"])
-
-    def _submit(self, context: Context, chunk: ChunkDescriptor, tag: str) -> SubmittedBatch:
-        return submit_tagged(self.hook, chunk, context, task_id=self.task_id, dag_id=str(self.dag_id), tag=tag,
-                             checkpoint_key=f"{CHECKPOINT_KEY}.{tag}", log=self.log)  # fmt: skip
-
-    def _finish(self) -> Finished:
-        # Each attempt's batch ended (completed or expired) before the next one was sent.
-        states = [a.state.to_dict() for a in self.record.attempts if a.state is not None]
-        last = BatchState.from_dict(states[-1])
-        left = max(0, last.counts.total - last.counts.completed)
-        self.log.info("%s: done after %d attempt(s) (batches %s); last attempt: %s%s",
-                      self._label, len(states), ", ".join(s["batch_id"] for s in states), last.progress_line(),
-                      f"; {left:,} line(s) of it did not succeed" if left else "")  # fmt: skip
-        for state in states:
-            self._metrics.batch_ended(state["status"])
-        self._metrics.requests_in_flight(0, chunk_index=self.batch.get("chunk_index"))
-        first = states[0]
-        return Finished(
-            cast(CompletedBatch, {**self.batch, "batch_id": first["batch_id"], "state": first, "attempts": states})
-        )
+    def _resubmission(self, context: Context) -> Resubmission:
+        return Resubmission(self.hook, self.batch, self.record, self._save, context, task_id=self.task_id,
+                            dag_id=str(self.dag_id), checkpoint_key=CHECKPOINT_KEY,
+                            max_line_retries=self.max_line_retries, metrics=self._metrics, log=self.log)  # fmt: skip
 
     # -- cancellation ---------------------------------------------------------------------------------
     def _cancel(self, why: str) -> None:

@@ -59,7 +59,7 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from airflow_batch_provider.exceptions import SinkError
-from airflow_batch_provider.sinks.sql_types import check_column_types, column_type, strip_nul
+from airflow_batch_provider.sinks.sql_types import check_column_types, check_exact_in_float, column_type, strip_nul
 
 __all__ = ["SinkError", "SqlUpsertSink", "column_type", "engine_url"]
 
@@ -195,6 +195,7 @@ class SqlUpsertSink:
                 )
         try:
             target = self._ensure_table(table.schema, where)
+            check_exact_in_float(target, table, self.key, where)
             statement = self._upsert_statement(target, table.column_names)
             batches = 0
             with self.engine.begin() as conn:

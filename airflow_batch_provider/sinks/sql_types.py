@@ -5,7 +5,8 @@ check that a part still fits an existing table, and the rule for NUL characters 
 would need another kind of SQL column (text → array, number → text, ...) fails with SinkError before
 any row is written: writing on would store ``'{0.1,…}'`` text in a TEXT column (a job switched from chat
 to embeddings) or fail row by row. Widening an integer into an existing floating or numeric column is
-allowed (the database converts it exactly enough); so is an all-null column of any type.
+allowed while every value converts exactly (an int64 over 2**53 would silently lose digits in a double
+column: such a part is refused, naming the row); so is an all-null column of any type.
 
 **NUL characters on PostgreSQL.** PostgreSQL text (and JSONB) cannot hold U+0000, which a model answer
 can contain. The sink removes it from every string it writes there — text columns, strings inside
@@ -20,6 +21,7 @@ import decimal
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import sqlalchemy as sa
@@ -115,6 +117,26 @@ def check_column_types(existing: sa.Table, schema: pa.Schema, dialect: Any, wher
             f"holds {field.type} ({want_type.compile(dialect=dialect)}). The job now writes something else into it "
             "(e.g. chat answers became embeddings); write to a new table, or drop or rename that column first."
         )
+
+
+def check_exact_in_float(existing: sa.Table, table: pa.Table, key: str, where: str) -> None:
+    """Raise SinkError when an integer of ``table`` goes into a floating column of ``existing`` and loses digits."""
+    for field in table.schema:
+        if field.name not in existing.c or not pa.types.is_integer(field.type):
+            continue
+        if _family(existing.c[field.name].type) is not float:
+            continue
+        values = pc.drop_null(table.column(field.name)).to_numpy()  # nulls: nothing to lose
+        # Every integer up to 2**53 is a double exactly; above, only some are (2**62 is, 2**62 + 1 is not).
+        big = [int(v) for v in values[np.abs(values.astype(np.float64)) >= 2**53].tolist()]
+        lost = [v for v in big if int(float(v)) != v]
+        if lost:
+            first = table.filter(pc.equal(table.column(field.name), lost[0])).column(key)[0].as_py()
+            raise SinkError(
+                f"{where}: column {field.name!r} is a floating column in the table, but {len(lost)} integer "
+                f"value(s) of this part cannot be stored in it exactly (e.g. {lost[0]} in {key} {first!r}). "
+                "Nothing was written: write to a new table, or make the column text or numeric first."
+            )
 
 
 def _strip_nul(value: Any) -> Any:

@@ -4,20 +4,27 @@ Airflow does not protect a plugin's FastAPI app: every route here depends on Air
 ``get_user`` (the UI's session cookie or a Bearer token) and on the auth manager's DAG
 permissions, exactly like the public API. Reading a run needs read access to the DAG's runs,
 task instances and XComs (what the page shows); the run list shows only DAGs the user may read.
+The OpenAPI schema and its docs pages are off: nothing here is an API for anyone to explore.
+
+Every value on the pages comes from XComs, which are user data: the pages escape each one, and
+every answer carries a Content-Security-Policy that lets no script run but the view's own
+refresh script (by its hash; the report gets none and a sandbox), frame-ancestors 'self' with
+X-Frame-Options, and nosniff — so even a value that slipped through could not run as the admin
+who looks at the page.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
 
-from airflow_batch_provider.report.html import REPORT_FILE
-from airflow_batch_provider.ui.pages import run_content, run_page, runs_page
+from airflow_batch_provider.report.location import published_report
+from airflow_batch_provider.ui.pages import SCRIPT_HASH, run_content, run_page, runs_page
 from airflow_batch_provider.ui.queries import load_recent_runs, load_run_view
 
 READ_RUN = [
@@ -26,7 +33,28 @@ READ_RUN = [
     Depends(requires_access_dag("GET", DagAccessEntity.XCOM)),
 ]
 
-app = FastAPI(title="LLM batches", description="Batch jobs of airflow-batch-provider, per DAG run.")
+app = FastAPI(title="LLM batches", docs_url=None, redoc_url=None, openapi_url=None)
+
+_COMMON_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; base-uri 'none'; form-action 'none'"
+VIEW_CSP = f"{_COMMON_CSP}; script-src '{SCRIPT_HASH}'; connect-src 'self'; frame-ancestors 'self'"
+# The report is static: no script at all, and a sandbox (an opaque origin: no cookie, no same-origin API).
+REPORT_CSP = f"{_COMMON_CSP}; frame-ancestors 'self'; sandbox"
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "SAMEORIGIN",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+@app.middleware("http")
+async def security_headers(request: Request, call_next: Any) -> Response:
+    """Put the CSP, framing and nosniff headers on every answer of this app, errors included."""
+    response: Response = await call_next(request)
+    response.headers.update(SECURITY_HEADERS)
+    report = request.url.path.rstrip("/").endswith("/report")
+    response.headers["Content-Security-Policy"] = REPORT_CSP if report else VIEW_CSP
+    return response
 
 
 def _prefix(request: Request) -> str:
@@ -66,16 +94,18 @@ def run_view(
 
 @app.get("/runs/{dag_id}/{run_id}/report", response_class=HTMLResponse, dependencies=READ_RUN)
 def run_report(dag_id: str, run_id: str, session: SessionDep) -> HTMLResponse:
-    """Serve the run report the merge wrote next to its output (local path or object storage)."""
-    from airflow_batch_provider.utils.storage import to_path
+    """Serve the run report the merge published under the report root (report/location.py).
 
+    The file is found from the run's identity and the merge's task id in the metadata DB — never
+    from the merge's XCom, which names a path anyone allowed to edit XComs could change — and read
+    only under the configured root. Errors say nothing about the server's files.
+    """
     view = load_run_view(session, dag_id, run_id)
-    path = str((view.summary or {}).get("report") or "") if view is not None else ""
-    # Only ever a report file: the path comes from the merge's XCom, not from the request.
-    if not path.endswith(REPORT_FILE):
-        raise HTTPException(404, f"run {run_id!r} of {dag_id!r} has no run report yet: its merge task has not finished")
+    missing = HTTPException(404, f"run {run_id!r} of {dag_id!r} has no run report yet: its merge has not finished")
+    if view is None or view.merge_task is None:
+        raise missing
     try:
-        content = to_path(path).read_bytes()
-    except OSError as exc:
-        raise HTTPException(404, f"the run report {path} cannot be read from the api-server: {exc}") from exc
+        content = published_report(dag_id, run_id, view.merge_task).read_bytes()
+    except (OSError, ValueError):
+        raise missing from None
     return HTMLResponse(content)

@@ -93,6 +93,7 @@ class RunView:
     run_state: str
     chunks: list[ChunkRow] = field(default_factory=list)
     summary: Mapping[str, Any] | None = None  # the merge summary, once the merge ran
+    merge_task: str | None = None  # the merge's task id (from the DB, not an XCom): where its report is
     estimated_cost_usd: float | None = None
     generated_at: float = field(default_factory=time.time)
 
@@ -117,34 +118,42 @@ class RunView:
         return sum(c.failed for c in self.chunks)
 
 
+def _int(value: Any) -> int:
+    """Return ``value`` as a count; 0 for anything else (XComs are user data: a bad one must not break the page)."""
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError, OverflowError):
+        return 0
+
+
 def _key(record: Mapping[str, Any]) -> tuple[str, int]:
-    return str(record.get("job_dir") or ""), int(record.get("chunk_index") or 0)
+    return str(record.get("job_dir") or ""), _int(record.get("chunk_index"))
 
 
 def _row(rows: dict[tuple[str, int], ChunkRow], record: Mapping[str, Any]) -> ChunkRow:
     key = _key(record)
     if key not in rows:
         label = str(record.get("label") or f"chunk {key[1] + 1}")
-        rows[key] = ChunkRow(key=key, label=label, num_requests=int(record.get("num_requests") or 0))
+        rows[key] = ChunkRow(key=key, label=label, num_requests=_int(record.get("num_requests")))
     return rows[key]
 
 
 def _attempt_ids(sensor: TaskRecord) -> list[str]:
-    states = (sensor.result or {}).get("attempts") if isinstance(sensor.result, Mapping) else None
-    if states:
-        return [str(s["batch_id"]) for s in states]
-    attempts = (sensor.checkpoint or {}).get("attempts") or []
-    return [str(a["batch_id"]) for a in attempts if a.get("batch_id")]
+    states = sensor.result.get("attempts") if isinstance(sensor.result, Mapping) else None
+    if states and isinstance(states, list):
+        return [str(s.get("batch_id") or "") for s in states if isinstance(s, Mapping)]
+    attempts = sensor.checkpoint.get("attempts") if isinstance(sensor.checkpoint, Mapping) else None
+    return [str(a["batch_id"]) for a in attempts or () if isinstance(a, Mapping) and a.get("batch_id")]
 
 
 def _apply_sensor(row: ChunkRow, sensor: TaskRecord) -> None:
     row.sensor_task = (sensor.task_id, sensor.map_index)
     row.phase = f"wait: {sensor.state or 'not started'}"
-    progress = sensor.progress or {}
+    progress = sensor.progress if isinstance(sensor.progress, Mapping) else {}
     if progress:
         row.provider_status = str(progress.get("provider_status") or "")
-        row.completed, row.failed = int(progress.get("completed") or 0), int(progress.get("failed") or 0)
-        row.total = int(progress.get("total") or 0)
+        row.completed, row.failed = _int(progress.get("completed")), _int(progress.get("failed"))
+        row.total = _int(progress.get("total"))
         row.batch_id = str(progress.get("batch_id") or row.batch_id)
         row.console_url = str(progress.get("console_url") or row.console_url)
     row.attempts = _attempt_ids(sensor) or row.attempts
@@ -172,19 +181,22 @@ def build_run_view(dag_id: str, run_id: str, run_state: str, tasks: Iterable[Tas
     estimates: list[Any] = []
     for task in tasks:
         if task.operator == CHUNK_OPERATOR and isinstance(task.result, list):
-            for descriptor in task.result:
+            for descriptor in (d for d in task.result if isinstance(d, Mapping)):
                 _row(rows, descriptor)
                 estimates.append(descriptor.get("cost_expected_usd"))
-        elif task.operator == MERGE_OPERATOR and isinstance(task.result, Mapping):
-            view.summary = task.result
+        elif task.operator == MERGE_OPERATOR:
+            view.merge_task = view.merge_task or task.task_id
+            if isinstance(task.result, Mapping):
+                view.summary, view.merge_task = task.result, task.task_id
     # A submit still running has no result yet (its chunk is not known to be this map index).
     for task in (t for t in tasks if t.operator == SUBMIT_OPERATOR and isinstance(t.result, Mapping)):
         _apply_submit(_row(rows, task.result), task)
     for task in (t for t in tasks if t.operator == SENSOR_OPERATOR):
-        record = task.progress or (task.result if isinstance(task.result, Mapping) else None)
+        progress = task.progress if isinstance(task.progress, Mapping) else None
+        record = progress or (task.result if isinstance(task.result, Mapping) else None)
         if record:
             _apply_sensor(_row(rows, record), task)
     view.chunks = sorted(rows.values(), key=lambda r: r.key)
-    if estimates and all(v is not None for v in estimates):
+    if estimates and all(isinstance(v, int | float) for v in estimates):
         view.estimated_cost_usd = float(sum(estimates))
     return view

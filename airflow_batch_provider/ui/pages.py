@@ -6,11 +6,14 @@ Airflow UI (a nav entry and a tab on DAG run / task instance pages) and works op
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import ipaddress
 import time
 from collections.abc import Mapping
 from html import escape
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from airflow_batch_provider.ui.model import ChunkRow, RunView
 
@@ -46,14 +49,52 @@ function refresh() {
 }
 setTimeout(refresh, REFRESH_MS);
 """.replace("REFRESH_MS", str(REFRESH_MS))
+#: The page's Content-Security-Policy lets this one script run (by its hash) and no other.
+SCRIPT_HASH = "sha256-" + base64.b64encode(hashlib.sha256(_SCRIPT.encode("utf-8")).digest()).decode("ascii")
+_LOOPBACK_NAMES = {"localhost"}
+
+
+def safe_link(url: Any) -> str | None:
+    """Return ``url`` if a page may link to it: ``https:``, or ``http:`` to loopback (the emulator); else None.
+
+    ``javascript:``, ``data:`` and every other scheme, a URL with credentials in it, and plain
+    ``http:`` to another host are dropped: the value comes from an XCom anyone allowed to edit
+    XComs could have set.
+    """
+    text = str(url or "").strip()
+    try:
+        parts = urlsplit(text)
+        host = parts.hostname or ""
+    except ValueError:
+        return None
+    if not host or parts.username or parts.password or any(ord(c) < 0x21 for c in text):
+        return None
+    if parts.scheme == "https":
+        return text
+    if parts.scheme == "http" and (host in _LOOPBACK_NAMES or _is_loopback_ip(host)):
+        return text
+    return None
+
+
+def _is_loopback_ip(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _n(value: Any) -> str:
-    return f"{int(value or 0):,}"
+    try:
+        return f"{int(value or 0):,}"
+    except (TypeError, ValueError, OverflowError):  # an XCom is user data: show a dash, not a 500
+        return "-"
 
 
 def _usd(value: Any) -> str:
-    return "-" if value is None else f"${float(value):,.4f}"
+    try:
+        return "-" if value is None else f"${float(value):,.4f}"
+    except (TypeError, ValueError, OverflowError):
+        return "-"
 
 
 def _elapsed(seconds: float | None) -> str:
@@ -73,7 +114,7 @@ def page(title: str, body: str) -> str:
 
 
 def _card(label: str, value: str, test_id: str) -> str:
-    return f'<div class="card" data-testid="{test_id}"><b>{escape(value)}</b>{escape(label)}</div>'
+    return f'<div class="card" data-testid="{escape(test_id)}"><b>{escape(value)}</b>{escape(label)}</div>'
 
 
 def _totals(view: RunView) -> str:
@@ -86,8 +127,10 @@ def _totals(view: RunView) -> str:
     ]
     s: Mapping[str, Any] = view.summary or {}
     if s:
+        statuses = s.get("statuses")
         cards += [
-            _card(f"rows {name}", _n(count), f"status-{name}") for name, count in (s.get("statuses") or {}).items()
+            _card(f"rows {name}", _n(count), f"status-{name}")
+            for name, count in (statuses.items() if isinstance(statuses, Mapping) else ())
         ]
         cards += [
             _card("tokens in / out", f"{_n(s.get('input_tokens'))} / {_n(s.get('output_tokens'))}", "tokens"),
@@ -99,10 +142,10 @@ def _totals(view: RunView) -> str:
 
 def _chunk_row(row: ChunkRow, now: float, selected: tuple[str, int] | None) -> str:
     ok, ko = row.percent()
+    href = safe_link(row.console_url)
     link = (
-        f'<a class="console" target="_blank" rel="noopener noreferrer" href="{escape(row.console_url)}">'
-        f"{escape(row.batch_id)}</a>"
-        if row.console_url
+        f'<a class="console" target="_blank" rel="noopener noreferrer" href="{escape(href)}">{escape(row.batch_id)}</a>'
+        if href
         else f"<code class='batch'>{escape(row.batch_id) or '-'}</code>"
     )
     followups = f" (+ {escape(', '.join(row.followups))})" if row.followups else ""
@@ -151,7 +194,7 @@ def runs_page(runs: list[dict[str, Any]], prefix: str) -> str:
     rows = "".join(
         f"<tr><td>{escape(r['dag_id'])}</td><td><a class='run' href='{escape(prefix)}/runs/"
         f"{quote(r['dag_id'], safe='')}/{quote(r['run_id'], safe='')}'>{escape(r['run_id'])}</a></td>"
-        f"<td>{escape(r['state'])}</td><td>{escape(str(r['start_date'] or '-'))[:19]}</td></tr>"
+        f"<td>{escape(str(r['state']))}</td><td>{escape(str(r['start_date'] or '-')[:19])}</td></tr>"
         for r in runs
     )
     body = (

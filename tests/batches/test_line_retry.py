@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from airflow_batch_provider.backends.anthropic.results import parse_anthropic_result
 from airflow_batch_provider.batches.line_retry import (
     AttemptScan,
     attempt_requests_path,
@@ -24,7 +25,7 @@ from airflow_batch_provider.batches.line_retry import (
     write_followup,
 )
 from airflow_batch_provider.exceptions import ResultsError
-from airflow_batch_provider.results.parse import parse_anthropic_result, parse_openai_line
+from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from tests.support import write_chunk
 

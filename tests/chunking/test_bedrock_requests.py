@@ -7,9 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.chunking.bedrock_bodies import ANTHROPIC_VERSION, to_record_line
+from airflow_batch_provider.backends.bedrock import BEDROCK_LIMITS
+from airflow_batch_provider.backends.bedrock.bodies import ANTHROPIC_VERSION, to_record_line
 from airflow_batch_provider.chunking.chunks import build_chunks
-from airflow_batch_provider.chunking.limits import BEDROCK_LIMITS
 from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
 from airflow_batch_provider.cost.tokens import request_parts
 from airflow_batch_provider.exceptions import InvalidInputError

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
+from airflow_batch_provider.backends.openai import encoding_name_for
 from airflow_batch_provider.cost import encodings, tokens
 from airflow_batch_provider.cost.answers import DEFAULT_OUTPUT_TOKENS
 from airflow_batch_provider.cost.tokens import (
@@ -254,7 +255,7 @@ def test_pinned_urls_and_hashes_match_tiktoken() -> None:
     ],
 )
 def test_encoding_names(model: str, encoding: str | None) -> None:
-    assert tokens.encoding_name_for(model) == encoding
+    assert encoding_name_for(model) == encoding
 
 
 class _WordEncoding:

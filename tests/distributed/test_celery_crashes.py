@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.examples import synthetic_products
+from airflow_batch_emulator.examples import synthetic_products
 from airflow_batch_provider.utils import storage
 from tests.distributed.celery import CeleryDeployment, task_summary
 from tests.distributed.s3 import MotoS3

@@ -15,7 +15,7 @@ from anthropic.types.messages import MessageBatch
 from anthropic.types.messages.batch_create_params import Request
 from openai.types import Batch
 
-from airflow_batch_provider.emulator.server import BatchEmulator
+from airflow_batch_emulator.server import BatchEmulator
 
 CHAT: Literal["/v1/chat/completions"] = "/v1/chat/completions"
 EMBEDDINGS: Literal["/v1/embeddings"] = "/v1/embeddings"

@@ -11,7 +11,7 @@ import httpx2
 import jsonschema
 import pytest
 
-from airflow_batch_provider.emulator.server import BatchEmulator
+from airflow_batch_emulator.server import BatchEmulator
 from tests.emulator import anthropic_request, wait_anthropic, wait_held
 
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import anthropic
 import pytest
 
-from airflow_batch_provider.emulator.__main__ import build_parser, config_from_args, main
+from airflow_batch_emulator.__main__ import build_parser, config_from_args, main
 from tests.emulator import anthropic_request, wait_anthropic
 
 
 def test_cli_serves_logs_and_stops_on_sigterm(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     process = subprocess.Popen(
-        [sys.executable, "-m", "airflow_batch_provider.emulator", "--port", "0", "--port-file", str(port_file),
+        [sys.executable, "-m", "airflow_batch_emulator", "--port", "0", "--port-file", str(port_file),
          "--latency", "0.02", "--seed", "3", "--line-error-rate", "0.1"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

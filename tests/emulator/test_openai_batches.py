@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types import Batch
 
-from airflow_batch_provider.emulator.server import BatchEmulator
+from airflow_batch_emulator.server import BatchEmulator
 from tests.emulator import CHAT, EMBEDDINGS, chat_line, read_jsonl, submit, to_jsonl, wait_held, wait_openai
 
 

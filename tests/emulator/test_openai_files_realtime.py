@@ -16,8 +16,8 @@ from typing import Any
 import openai
 import pytest
 
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.server import BatchEmulator
+from airflow_batch_emulator.config import EmulatorConfig
+from airflow_batch_emulator.server import BatchEmulator
 from tests.emulator import chat_line, read_jsonl, submit, to_jsonl, wait_openai
 
 

@@ -14,7 +14,7 @@ import anthropic
 import openai
 import pytest
 
-from airflow_batch_provider.emulator.server import BatchEmulator
+from airflow_batch_emulator.server import BatchEmulator
 from tests.emulator import anthropic_request, chat_line, to_jsonl
 
 
@@ -39,7 +39,7 @@ def test_fixture_starts_each_test_clean(batch_emulator: BatchEmulator) -> None:
 
 def test_plugin_import_is_light() -> None:
     code = (
-        "import sys, airflow_batch_provider.emulator.pytest_plugin\n"
+        "import sys, airflow_batch_emulator.pytest_plugin\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'airflow', 'openai', 'anthropic', 'orjson'}))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,9 +18,9 @@ from typing import Any
 import openai
 import pytest
 
-from airflow_batch_provider.emulator.__main__ import build_parser, config_from_args, main
-from airflow_batch_provider.emulator.faults import Faults, route_pattern
-from airflow_batch_provider.emulator.server import BatchEmulator
+from airflow_batch_emulator.__main__ import build_parser, config_from_args, main
+from airflow_batch_emulator.faults import Faults, route_pattern
+from airflow_batch_emulator.server import BatchEmulator
 from tests.emulator import chat_line, to_jsonl, wait_openai
 
 BATCHES = "POST /v1/batches"

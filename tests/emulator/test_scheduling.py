@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from airflow_batch_provider.emulator import BatchEmulator
-from airflow_batch_provider.emulator.config import EmulatorConfig
-from airflow_batch_provider.emulator.scheduling import RealtimeScheduler
+from airflow_batch_emulator import BatchEmulator
+from airflow_batch_emulator.config import EmulatorConfig
+from airflow_batch_emulator.scheduling import RealtimeScheduler
 
 
 def _latency_of_urgent_request(policy: str) -> tuple[float, RealtimeScheduler]:

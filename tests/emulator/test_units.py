@@ -9,10 +9,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from airflow_batch_provider.emulator.faults import Faults, HttpDice, line_fate
-from airflow_batch_provider.emulator.schema import schema_instance
-from airflow_batch_provider.emulator.synth import answer_text, chat_completion, request_key
-from airflow_batch_provider.emulator.wire import parse_multipart
+from airflow_batch_emulator.faults import Faults, HttpDice, line_fate
+from airflow_batch_emulator.schema import schema_instance
+from airflow_batch_emulator.synth import answer_text, chat_completion, request_key
+from airflow_batch_emulator.wire import parse_multipart
 
 SCHEMAS = [
     pytest.param({"type": "string", "enum": ["a", "b", "c"]}, id="enum"),

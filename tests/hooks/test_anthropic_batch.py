@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import orjson
 import pytest
 
+from airflow_batch_provider.backends.anthropic.hook import map_anthropic_status
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
-from airflow_batch_provider.hooks.anthropic_batch import map_anthropic_status
 from airflow_batch_provider.status import BatchStatus
 from tests.conftest import wait_terminal
 from tests.support import write_chunk

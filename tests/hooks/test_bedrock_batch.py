@@ -9,11 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_batch_provider.backends.bedrock.common import STATUS_MAP, map_bedrock_status
 from airflow_batch_provider.batches.line_retry import is_retryable
 from airflow_batch_provider.chunking.chunks import build_chunks
 from airflow_batch_provider.chunking.requests import RequestSpec
 from airflow_batch_provider.exceptions import InvalidInputError, UnknownBatchStatusError
-from airflow_batch_provider.hooks.bedrock_common import STATUS_MAP, map_bedrock_status
 from airflow_batch_provider.status import BatchStatus
 from airflow_batch_provider.utils.retry import RetryPolicy
 from tests.conftest import wait_terminal
@@ -40,7 +40,7 @@ def _chunks(tmp_path, rows: int, *, model: str = CLAUDE, schema=SCHEMA, chunk_si
 
 @pytest.fixture
 def hook(bedrock_emulator_env):
-    from airflow_batch_provider.hooks.bedrock_batch import BedrockBatchHook
+    from airflow_batch_provider.backends.bedrock.hook import BedrockBatchHook
 
     return BedrockBatchHook(retry_policy=RetryPolicy(attempts=6, base_delay=0.01, max_delay=0.05))
 
@@ -104,7 +104,7 @@ def test_small_batches_can_be_refused(bedrock_emulator_env, tmp_path, monkeypatc
     import json
     import os
 
-    from airflow_batch_provider.hooks.bedrock_batch import BedrockBatchHook
+    from airflow_batch_provider.backends.bedrock.hook import BedrockBatchHook
 
     (chunk,) = _chunks(tmp_path, 7).descriptors
     with pytest.raises(InvalidInputError, match="under Bedrock's minimum of 100"):

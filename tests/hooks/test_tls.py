@@ -11,8 +11,8 @@ import asyncio
 import openai
 import pytest
 
-from airflow_batch_provider.hooks.anthropic_batch import AnthropicBatchHook
-from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
+from airflow_batch_provider.backends.anthropic.hook import AnthropicBatchHook
+from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.hooks.openai_compatible import OpenAICompatibleHook
 from airflow_batch_provider.hooks.tls import shared_tls_context, with_shared_tls
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batch_provider.emulator import BatchEmulator
-from airflow_batch_provider.emulator.config import EmulatorConfig
+from airflow_batch_emulator import BatchEmulator
+from airflow_batch_emulator.config import EmulatorConfig
 from airflow_batch_provider.intake.producer import BatchQueueProducer
 
 pytestmark = pytest.mark.stream

@@ -10,7 +10,7 @@ import orjson
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_batch_provider.emulator.synth import chat_completion
+from airflow_batch_emulator.synth import chat_completion
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
@@ -36,8 +36,8 @@ def server_conn(batch_emulator, monkeypatch):
 @pytest.fixture(scope="module")
 def slow_emulator() -> Iterator[Any]:
     """An emulator that sleeps 50 ms inside every realtime request, so concurrent requests overlap."""
-    from airflow_batch_provider.emulator.config import EmulatorConfig
-    from airflow_batch_provider.emulator.server import BatchEmulator
+    from airflow_batch_emulator.config import EmulatorConfig
+    from airflow_batch_emulator.server import BatchEmulator
 
     emulator = BatchEmulator(EmulatorConfig(realtime_delay=0.05)).start()
     try:
@@ -227,7 +227,7 @@ def test_example_dag_server_mode_end_to_end(airflow_db, server_conn, tmp_path, m
     """dags/self_hosted_vllm.py with mode=server: the vLLM branch is skipped, merge runs after the server branch."""
     from airflow.dag_processing.dagbag import DagBag
 
-    from airflow_batch_provider.examples import synthetic_products
+    from airflow_batch_emulator.examples import synthetic_products
     from tests.conftest import REPO_ROOT
 
     monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))

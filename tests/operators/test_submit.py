@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.batches.submission import chunk_input_tokens, idempotency_key, submit_tagged
 from airflow_batch_provider.batches.token_budget import (
     CHUNK_TOKENS_KEY,
@@ -18,7 +19,6 @@ from airflow_batch_provider.batches.token_budget import (
     refusal_step,
 )
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
 from airflow_batch_provider.operators.submit import CHECKPOINT_KEY, SubmitBatchOperator
 from airflow_batch_provider.status import BatchState, BatchStatus
 from tests.conftest import wait_terminal

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from airflow_batch_provider.backends.bedrock.results import parse_bedrock_record
 from airflow_batch_provider.batches.line_retry import is_retryable
 from airflow_batch_provider.exceptions import ResultsError
-from airflow_batch_provider.results.parse import parse_bedrock_record
 
 
 def _line(**fields) -> bytes:

@@ -135,7 +135,7 @@ class Deployment:
         port_file = self.root / "emulator.port"
         port_file.unlink(missing_ok=True)
         self._start_s3()
-        argv = [sys.executable, "-m", "airflow_batch_provider.emulator", "--port", "0", "--port-file", str(port_file),
+        argv = [sys.executable, "-m", "airflow_batch_emulator", "--port", "0", "--port-file", str(port_file),
                 "--latency", "0.2", "--s3-endpoint-url", self.s3_url, *extra]  # fmt: skip
         self.emulator = Component("emulator", argv, self.env, self.logs / "emulator.log")
         self.emulator.start()

@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_batch_emulator.examples import synthetic_products
 from airflow_batch_provider.chunking.ids import derive_custom_id
-from airflow_batch_provider.examples import synthetic_products
 from tests.scheduler.conftest import DAG_ID
 from tests.scheduler.deployment import Deployment
 from tests.scheduler.processes import DeploymentError, wait_for

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from airflow_batch_provider.hooks.openai_batch import CREATE_TIMEOUT
+from airflow_batch_provider.backends.openai.hook import CREATE_TIMEOUT
 from tests.scheduler.conftest import DAG_ID
 from tests.scheduler.deployment import Deployment
 from tests.scheduler.processes import DeploymentError, alive, client_addresses, wait_for

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any, ClassVar
 
+from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.batches.line_retry import cancelled_by_us
-from airflow_batch_provider.hooks.openai_batch import OpenAIBatchHook
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 from tests.conftest import wait_terminal
 from tests.support import write_chunk
@@ -181,7 +181,7 @@ def test_run_and_on_kill_build_hooks_and_clients_off_the_event_loop(openai_hook,
     ~0.3 s) or an SDK client (TLS trust store) on it stalls them all ("badly-written trigger")."""
     from airflow_batch_provider.hooks import registry
 
-    monkeypatch.setitem(registry.BACKENDS, "openai-recording", f"{__name__}:ThreadRecordingHook")
+    monkeypatch.setitem(registry.LOCAL_RESULTS_HOOKS, "openai-recording", f"{__name__}:ThreadRecordingHook")
     chunk = write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}])
     batch_id = openai_hook.submit(chunk, metadata={})["batch_id"]
     trigger = BatchCompleteTrigger(

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import os
 import tempfile
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import suppress
-from functools import cached_property
 from typing import Any, ClassVar
 
 import orjson
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_batch_provider.backends.gemini import GEMINI_LIMITS
 from airflow_batch_provider.backends.gemini.limits import API_VERSION, PROVIDER
 from airflow_batch_provider.backends.gemini.results import parse_gemini_line
 from airflow_batch_provider.backends.gemini.states import (
@@ -31,10 +32,11 @@ from airflow_batch_provider.backends.gemini.states import (
     state_from_gemini,
     with_operation,
 )
-from airflow_batch_provider.chunking.limits import GEMINI_LIMITS, ProviderLimits
+from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
+from airflow_batch_provider.hooks.sdk_clients import connection_client_kwargs
 from airflow_batch_provider.hooks.tls import shared_tls_context
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.status import BatchState, RequestCounts
@@ -61,12 +63,11 @@ def _transport() -> Any:
     raise ImportError("google-genai needs httpx or httpx2")
 
 
-def _base_url(conn: Any) -> str | None:
-    """Return the connection's base URL (extra ``base_url``, else the host), None for Google's own API."""
-    base_url = (conn.extra_dejson or {}).get("base_url") or conn.host or None
-    if base_url and "://" not in base_url:
-        base_url = f"https://{base_url}"
-    return base_url
+#: SDK clients by hook, kept beside the hook rather than in it: a hook travels (pickled) with
+#: operators and triggers and lands in tracebacks' locals, and a client holds the API key.
+_CLIENTS: weakref.WeakKeyDictionary[GeminiBatchHook, Any] = weakref.WeakKeyDictionary()
+#: Async clients by hook: (``client.aio``, the httpx async client handed to it).
+_ASYNC_CLIENTS: weakref.WeakKeyDictionary[GeminiBatchHook, tuple[Any, Any]] = weakref.WeakKeyDictionary()
 
 
 def key_line(line: bytes, path: str, number: int) -> bytes:
@@ -102,7 +103,6 @@ class GeminiBatchHook(BatchHook):
     provider: ClassVar[str] = PROVIDER
     limits: ClassVar[ProviderLimits] = GEMINI_LIMITS
     exact_reconcile: ClassVar[bool] = True
-    _async_http: Any = None  # the httpx async client handed to the SDK's async client
 
     def __init__(
         self, conn_id: str | None = None, *, retry_policy: RetryPolicy | None = None, timeout: float = 600.0
@@ -111,15 +111,16 @@ class GeminiBatchHook(BatchHook):
         self.retry_policy = retry_policy or RetryPolicy()
         self.timeout = timeout
 
-    # -- clients ---------------------------------------------------------------------------------
+    # -- clients (kept out of the hook's own state: see _CLIENTS) --------------------------------
     def client_kwargs(self, conn: Any) -> dict[str, Any]:
         """Return ``genai.Client`` arguments from the connection (raise when it has no API key)."""
         from google.genai import types
 
         quiet_transport_logs()
-        base_url = _base_url(conn)
-        api_key = conn.password or (conn.extra_dejson or {}).get("api_key")
-        if not api_key:
+        # The base URL and key as every hook reads them (hooks/sdk_clients.py); the SDK retries nothing
+        # itself, our retry policy does, and the timeout goes in its HttpOptions (milliseconds).
+        shared = connection_client_kwargs(conn, max_retries=0, timeout=self.timeout)
+        if not shared["api_key"]:
             raise InvalidInputError(
                 f"Connection {self.conn_id!r} has no API key: put the Gemini API key in its password field."
             )
@@ -128,20 +129,23 @@ class GeminiBatchHook(BatchHook):
         transport = _transport()
         http = {"verify": shared_tls_context(), "timeout": self.timeout, "follow_redirects": True}
         options = types.HttpOptions(
-            base_url=base_url,
+            base_url=shared["base_url"],
             api_version=API_VERSION,
             timeout=int(self.timeout * 1000),
             httpx_client=transport.Client(**http),
             httpx_async_client=transport.AsyncClient(**http),
         )
-        return {"api_key": api_key, "http_options": options}
+        return {"api_key": shared["api_key"], "http_options": options}
 
-    @cached_property
+    @property
     def client(self) -> Any:
-        """The SDK client (``google.genai.Client``), built once from the connection."""
-        from google import genai
+        """The SDK client (``google.genai.Client``), built once per hook from the connection."""
+        client = _CLIENTS.get(self)
+        if client is None:
+            from google import genai
 
-        return genai.Client(**self.client_kwargs(self.get_connection(self.conn_id)))
+            client = _CLIENTS[self] = genai.Client(**self.client_kwargs(self.get_connection(self.conn_id)))
+        return client
 
     def get_conn(self) -> Any:
         """Return the SDK client."""
@@ -149,24 +153,23 @@ class GeminiBatchHook(BatchHook):
 
     async def aget_client(self) -> Any:
         """Return the SDK's async client (``client.aio``), the connection read without blocking the loop."""
-        if self._async_client is None:
+        opened = _ASYNC_CLIENTS.get(self)
+        if opened is None:
             import asyncio
 
             from google import genai
 
             conn = await self.aget_connection(self.conn_id)
             kwargs = await asyncio.to_thread(self.client_kwargs, conn)  # loads nothing on the loop
-            self._async_http = kwargs["http_options"].httpx_async_client
-            self._async_client = genai.Client(**kwargs).aio
-        return self._async_client
+            opened = _ASYNC_CLIENTS[self] = (genai.Client(**kwargs).aio, kwargs["http_options"].httpx_async_client)
+        return opened[0]
 
     async def aclose(self) -> None:
         """Close the async client this hook opened, and the HTTP client it was given."""
-        client, self._async_client = self._async_client, None
-        if client is not None:
+        opened = _ASYNC_CLIENTS.pop(self, None)
+        if opened is not None:
+            client, http = opened
             await client.aclose()
-        http, self._async_http = self._async_http, None
-        if http is not None:
             await http.aclose()
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
@@ -271,11 +274,12 @@ class GeminiBatchHook(BatchHook):
 
     def batch_url(self, batch_id: str) -> str | None:
         """Link to the batch in Google AI Studio; None when the connection points anywhere but Google's API."""
-        try:  # a link never fails a task: no connection or no key gives no link
-            base_url = _base_url(self.get_connection(self.conn_id)) or PUBLIC_BASE_URL
+        try:  # a link never fails a task: no connection gives no link
+            conn = self.get_connection(self.conn_id)
         except AirflowNotFoundException:
             return None
-        return console_url(PROVIDER, base_url, batch_id.removeprefix("batches/"))
+        base_url = connection_client_kwargs(conn, max_retries=0, timeout=self.timeout)["base_url"]
+        return console_url(PROVIDER, base_url or PUBLIC_BASE_URL, batch_id)
 
     # -- results ---------------------------------------------------------------------------------
     def download_results(self, file_name: str, destination: str) -> None:

@@ -1,4 +1,4 @@
-"""Gemini Batch API limits and key rules, as plain data (no imports: the chunk step reads them early).
+"""Gemini Batch API limits and key rules, as plain data (imports nothing of the package: read early).
 
 Gemini Developer API batch mode takes one JSONL input file per batch, uploaded through the File
 API: at most 2 GB per file (and 20 GB of files per project). It documents no per-batch request
@@ -8,6 +8,8 @@ is echoed on every result line). Nothing has a minimum batch size.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 MB = 1024 * 1024
 
@@ -23,7 +25,7 @@ DEFAULT_BYTE_CAP = 1900 * MB
 MAX_KEY_CHARS = 512
 
 #: keyword arguments of :class:`~airflow_batch_provider.chunking.limits.ProviderLimits` for Gemini.
-LIMIT_FIELDS: dict[str, object] = {
+LIMIT_FIELDS: dict[str, Any] = {
     "provider": PROVIDER,
     "max_requests": MAX_REQUESTS,
     "max_bytes": MAX_BYTES,

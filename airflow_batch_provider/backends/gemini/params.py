@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_batch_provider.backends.gemini.limits import PROVIDER
+from airflow_batch_provider.backends.registry import backend_for_model
 from airflow_batch_provider.exceptions import InvalidInputError
 
 if TYPE_CHECKING:
@@ -53,13 +55,13 @@ GENERATION_CONFIG = frozenset(
 REQUEST_FIELDS = frozenset({"safetySettings", "tools", "toolConfig", "cachedContent"})
 _RESERVED = frozenset({"model", "contents", "systemInstruction", "system", "messages", "stream", "generationConfig"})
 _SCHEMA_KEYS = frozenset({"responseMimeType", "responseSchema", "responseJsonSchema"})
-# Model families of the other backends: a chunk for them sent to Gemini fails only when the batch runs.
-_FOREIGN_MODELS = ("gpt-", "chatgpt-", "o1", "o3", "o4", "claude-", "anthropic.", "amazon.", "text-embedding")
 
 
 def check_gemini_params(spec: RequestSpec) -> None:
     """Raise InvalidInputError for a model or ``params`` the Gemini batch API would reject (before any upload)."""
-    if spec.model.startswith(_FOREIGN_MODELS):
+    # Another backend's model sent to Gemini would fail only when the batch runs, a day later.
+    owner = backend_for_model(spec.model)
+    if owner is not None and owner.name != PROVIDER:
         raise InvalidInputError(
             f"Model {spec.model!r} is not a Gemini model; with provider 'gemini' use one such as "
             "'gemini-2.5-flash' (or pick the provider that serves this model)."

@@ -14,7 +14,7 @@ import orjson
 
 from airflow_batch_provider.descriptors import ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
-from airflow_batch_provider.results.parse import _record
+from airflow_batch_provider.results.parse import result_record as _record
 
 #: Gemini finish reasons in the merged schema's words (others are kept, lower-cased).
 FINISH_REASONS = {

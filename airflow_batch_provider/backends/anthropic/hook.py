@@ -1,0 +1,266 @@
+"""AnthropicBatchHook: Anthropic Message Batches through the official SDK.
+
+Connection (type ``anthropic_batch``, default id ``anthropic_batch_default``): the API key in
+the password field; the base URL (without ``/v1``) in the extra ``base_url`` or the host field;
+empty means the public API. A connection of type ``anthropic`` works too.
+
+Message Batches take the requests inline (no file upload) and carry no metadata, so crash
+recovery cannot search by an idempotency key. Instead :meth:`find_existing` matches batches
+created after the recorded submission intent whose request count equals the chunk's, and
+adopts a batch only when exactly one matches (see SubmitBatchOperator).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Generator, Iterator, Mapping
+from functools import cached_property
+from typing import Any, ClassVar
+
+import anthropic
+import httpx2
+import orjson
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_batch_provider.backends.anthropic import ANTHROPIC_LIMITS
+from airflow_batch_provider.backends.anthropic.results import parse_anthropic_result
+from airflow_batch_provider.chunking.limits import ProviderLimits
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
+from airflow_batch_provider.exceptions import UnknownBatchStatusError
+from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.hooks.sdk_clients import anew_client, connection_client_kwargs, new_client
+from airflow_batch_provider.links import console_url
+from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
+from airflow_batch_provider.utils.retry import (
+    RetryPolicy,
+    acall_with_retries,
+    call_with_retries,
+    iter_with_restarts,
+    retry_after_seconds,
+)
+from airflow_batch_provider.utils.storage import to_path
+
+# Allowed clock difference between this worker and the provider when matching by creation time.
+CLOCK_SKEW_S = 120.0
+
+
+def map_anthropic_status(batch: Any) -> BatchStatus:
+    """Map a MessageBatch to :class:`BatchStatus`; raise on a processing status we do not know.
+
+    ``ended`` splits three ways: cancelled (a cancel was initiated), expired (some requests
+    expired before being processed), otherwise completed.
+    """
+    status = batch.processing_status
+    if status == "in_progress":
+        return BatchStatus.IN_PROGRESS
+    if status == "canceling":
+        return BatchStatus.CANCELLING
+    if status == "ended":
+        if batch.cancel_initiated_at is not None:
+            return BatchStatus.CANCELLED
+        if batch.request_counts is not None and batch.request_counts.expired:
+            return BatchStatus.EXPIRED
+        return BatchStatus.COMPLETED
+    raise UnknownBatchStatusError(
+        f"Anthropic batch {batch.id} reports processing_status {status!r}, which this provider does not know "
+        "(known: in_progress, canceling, ended). Upgrade airflow-batch-provider or report it."
+    )
+
+
+def classify_anthropic_error(exc: BaseException) -> tuple[bool, float | None]:
+    """Say whether an SDK error is worth another attempt, and how long the server asked us to wait.
+
+    A connection that breaks while results stream surfaces as ``httpx2.TransportError``: retryable.
+    """
+    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
+        return True, None
+    if isinstance(exc, anthropic.APIStatusError):
+        retryable = exc.status_code in (408, 409, 429, 529) or exc.status_code >= 500
+        return retryable, retry_after_seconds(exc.response.headers)
+    return False, None
+
+
+def state_from_anthropic(batch: Any) -> BatchState:
+    """Build a :class:`BatchState` from an SDK ``MessageBatch``."""
+    c = batch.request_counts
+    total = c.processing + c.succeeded + c.errored + c.canceled + c.expired
+    return BatchState(
+        batch_id=batch.id,
+        provider="anthropic",
+        status=map_anthropic_status(batch),
+        provider_status=batch.processing_status,
+        counts=RequestCounts(total=total, completed=c.succeeded, failed=c.errored + c.canceled + c.expired),
+        results_url=batch.results_url,
+        created_at=_created_epoch(batch),
+        ended_at=_epoch(batch.ended_at) if batch.ended_at else None,
+    )
+
+
+def _created_epoch(batch: Any) -> float:
+    return _epoch(batch.created_at)
+
+
+def _epoch(value: dt.datetime | str) -> float:
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return float(value.timestamp())
+
+
+class AnthropicBatchHook(BatchHook):
+    """Submit chunk files as Anthropic Message Batches, poll, cancel and stream results.
+
+    :param conn_id: Airflow connection id (type ``anthropic_batch`` or ``anthropic``).
+    :param retry_policy: attempts above the SDK's own retries for every API call.
+    :param max_retries: the SDK's own retry count.
+    :param timeout: per-request timeout in seconds.
+    """
+
+    conn_name_attr = "conn_id"
+    default_conn_name: ClassVar[str] = "anthropic_batch_default"
+    conn_type = "anthropic_batch"
+    hook_name = "Anthropic Message Batches"
+
+    provider: ClassVar[str] = "anthropic"
+    limits: ClassVar[ProviderLimits] = ANTHROPIC_LIMITS
+
+    def __init__(
+        self,
+        conn_id: str | None = None,
+        *,
+        retry_policy: RetryPolicy | None = None,
+        max_retries: int = 2,
+        timeout: float = 600.0,
+    ) -> None:
+        super().__init__(conn_id)
+        self.retry_policy = retry_policy or RetryPolicy()
+        self.max_retries = max_retries
+        self.timeout = timeout
+        self._async_client: anthropic.AsyncAnthropic | None = None
+
+    def _client_kwargs(self, conn: Any) -> dict[str, Any]:
+        kwargs = connection_client_kwargs(conn, max_retries=self.max_retries, timeout=self.timeout)
+        if not kwargs["api_key"]:
+            raise anthropic.AnthropicError(
+                f"Connection {self.conn_id!r} has no API key: put it in the connection's password field."
+            )
+        return kwargs
+
+    @cached_property
+    def client(self) -> anthropic.Anthropic:
+        """The synchronous SDK client, built once from the connection."""
+        return new_client(anthropic.Anthropic, self._client_kwargs(self.get_connection(self.conn_id)))
+
+    def get_conn(self) -> anthropic.Anthropic:
+        """Return the synchronous SDK client."""
+        return self.client
+
+    async def aget_client(self) -> anthropic.AsyncAnthropic:
+        """Return the async SDK client (connection read without blocking the event loop)."""
+        if self._async_client is None:
+            conn = await self.aget_connection(self.conn_id)
+            self._async_client = await anew_client(anthropic.AsyncAnthropic, lambda: self._client_kwargs(conn))
+        return self._async_client
+
+    def _call(self, what: str, fn: Any) -> Any:
+        return call_with_retries(fn, what=what, classify=classify_anthropic_error, policy=self.retry_policy)
+
+    async def _acall(self, what: str, fn: Any) -> Any:
+        return await acall_with_retries(fn, what=what, classify=classify_anthropic_error, policy=self.retry_policy)
+
+    def create_batch(self, chunk: ChunkDescriptor, *, input_file_id: str | None, metadata: Mapping[str, str]) -> str:
+        """Read the chunk's ``{custom_id, params}`` lines and create one Message Batch from them.
+
+        Requests go inline (no upload step, so ``input_file_id`` is None); ``metadata`` is not
+        sent (Message Batches have no metadata field).
+        """
+        with to_path(chunk["requests_path"]).open("rb") as handle:
+            requests = [orjson.loads(line) for line in handle if line.strip()]
+        batch = self._call(
+            f"{chunk['label']}: batch create",
+            lambda: self.client.messages.batches.create(requests=requests),
+        )
+        self.log.info("%s: created message batch %s", chunk["label"], batch.id)
+        return str(batch.id)
+
+    def find_existing(
+        self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
+    ) -> list[BatchState]:
+        """Return batches created after ``since`` (minus clock skew) with the chunk's request count.
+
+        Without ``since`` nothing can be matched safely and nothing is returned.
+        """
+        if since is None:
+            return []
+        found: list[BatchState] = []
+        for batch in self._call("batch list", lambda: self.client.messages.batches.list(limit=100)):
+            created = _created_epoch(batch)
+            if created < since - CLOCK_SKEW_S:
+                break  # newest first: everything further is older
+            state = state_from_anthropic(batch)
+            if state.counts.total == chunk["num_requests"]:
+                found.append(state)
+        if len(found) > 1:
+            # Another chunk of the same size may have been submitted in the same window: adopting
+            # the wrong batch would be worse than paying twice, so adopt nothing.
+            self.log.warning(
+                "%s: %d recent batches match by size and time (%s); cannot tell which is this chunk's, "
+                "so none is reused",
+                chunk["label"],
+                len(found),
+                [s.batch_id for s in found],
+            )
+            return []
+        return found
+
+    def get_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state."""
+        batch = self._call(f"status of batch {batch_id}", lambda: self.client.messages.batches.retrieve(batch_id))
+        return state_from_anthropic(batch)
+
+    async def aget_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state using the async client."""
+        client = await self.aget_client()
+        batch = await self._acall(f"status of batch {batch_id}", lambda: client.messages.batches.retrieve(batch_id))
+        return state_from_anthropic(batch)
+
+    def cancel(self, batch_id: str) -> BatchState:
+        """Ask Anthropic to cancel the batch (``canceling``, then ``ended`` with canceled results)."""
+        batch = self._call(f"cancel of batch {batch_id}", lambda: self.client.messages.batches.cancel(batch_id))
+        return state_from_anthropic(batch)
+
+    async def acancel(self, batch_id: str) -> BatchState:
+        """Async twin of :meth:`cancel`."""
+        client = await self.aget_client()
+        batch = await self._acall(f"cancel of batch {batch_id}", lambda: client.messages.batches.cancel(batch_id))
+        return state_from_anthropic(batch)
+
+    def _stream_results(self, batch_id: str) -> Generator[dict[str, Any]]:
+        decoder = self._call(f"results of batch {batch_id}", lambda: self.client.messages.batches.results(batch_id))
+        try:
+            for item in decoder:
+                yield item.model_dump(mode="json")
+        finally:
+            decoder.close()  # release the connection now, also when the caller stops early
+
+    def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
+        """Stream the batch's results (the SDK follows ``results_url`` and decodes JSONL lazily).
+
+        A connection that breaks mid-stream reopens the results (with our retry policy) and
+        skips the results already yielded: none is lost, none comes twice.
+        """
+        items = iter_with_restarts(
+            lambda: self._stream_results(state.batch_id),
+            what=f"results of batch {state.batch_id}",
+            classify=classify_anthropic_error,
+            policy=self.retry_policy,
+        )
+        for item in items:
+            yield parse_anthropic_result(item)
+
+    def batch_url(self, batch_id: str) -> str | None:
+        """Link to the batch in the Anthropic console; None when the connection points elsewhere."""
+        try:  # a link never fails a task: no connection or no key gives no link
+            base_url = str(self.client.base_url)
+        except (AirflowNotFoundException, anthropic.AnthropicError):
+            return None
+        return console_url("anthropic", base_url, batch_id)

@@ -1,0 +1,357 @@
+"""OpenAIBatchHook: the OpenAI Batch API (files + batches) through the official SDK.
+
+Connection (type ``openai_batch``, default id ``openai_batch_default``): the API key in the
+password field; the base URL in the extra ``base_url`` or the host field (must end in ``/v1``;
+empty means the public API); optional extras ``organization`` and ``project``. A connection
+of the ``openai`` type made for Airflow's OpenAI provider works too (its
+``openai_client_kwargs`` extra is honoured).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterator, Mapping
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import httpx2
+import openai
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_batch_provider.backends.openai import OPENAI_LIMITS
+from airflow_batch_provider.batches.token_budget import tokens_from_metadata
+from airflow_batch_provider.chunking.limits import ProviderLimits
+from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
+from airflow_batch_provider.exceptions import UnknownBatchStatusError
+from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
+from airflow_batch_provider.hooks.sdk_clients import anew_client, connection_client_kwargs, new_client
+from airflow_batch_provider.links import console_url
+from airflow_batch_provider.results.parse import parse_openai_line
+from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
+from airflow_batch_provider.utils.retry import (
+    RetryPolicy,
+    acall_with_retries,
+    call_with_retries,
+    iter_with_restarts,
+    retry_after_seconds,
+)
+from airflow_batch_provider.utils.storage import to_path
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+_STATUS_MAP: dict[str, BatchStatus] = {
+    "validating": BatchStatus.VALIDATING,
+    "in_progress": BatchStatus.IN_PROGRESS,
+    "finalizing": BatchStatus.FINALIZING,
+    "completed": BatchStatus.COMPLETED,
+    "failed": BatchStatus.FAILED,
+    "expired": BatchStatus.EXPIRED,
+    "cancelling": BatchStatus.CANCELLING,
+    "cancelled": BatchStatus.CANCELLED,
+}
+
+
+def map_openai_status(status: str | None, batch_id: str) -> BatchStatus:
+    """Map an OpenAI batch status to :class:`BatchStatus`; raise on a status we do not know."""
+    try:
+        return _STATUS_MAP[status or ""]
+    except KeyError:
+        raise UnknownBatchStatusError(
+            f"OpenAI batch {batch_id} reports status {status!r}, which this provider does not know "
+            f"(known: {sorted(_STATUS_MAP)}). Upgrade airflow-batch-provider or report it."
+        ) from None
+
+
+def classify_openai_error(exc: BaseException) -> tuple[bool, float | None]:
+    """Say whether an SDK error is worth another attempt, and how long the server asked us to wait.
+
+    A connection that breaks while a result file is streaming surfaces as the transport's own
+    error (``httpx2.TransportError``), not the SDK's: it is retryable too.
+    """
+    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):  # includes timeouts
+        return True, None
+    if isinstance(exc, openai.APIStatusError):
+        retryable = exc.status_code in (408, 409, 429) or exc.status_code >= 500
+        return retryable, retry_after_seconds(exc.response.headers)
+    return False, None
+
+
+def state_from_openai(batch: Any) -> BatchState:
+    """Build a :class:`BatchState` from an SDK ``Batch`` object."""
+    counts = batch.request_counts
+    errors: tuple[dict[str, Any], ...] = ()
+    if batch.errors is not None and batch.errors.data:
+        errors = tuple(
+            {"code": e.code, "line": e.line, "message": e.message, "param": e.param} for e in batch.errors.data
+        )
+    return BatchState(
+        batch_id=batch.id,
+        provider="openai",
+        status=map_openai_status(batch.status, batch.id),
+        provider_status=batch.status,
+        counts=RequestCounts(
+            total=counts.total if counts else 0,
+            completed=counts.completed if counts else 0,
+            failed=counts.failed if counts else 0,
+        ),
+        output_file_id=batch.output_file_id,
+        error_file_id=batch.error_file_id,
+        errors=errors,
+        created_at=float(batch.created_at) if batch.created_at else None,
+        ended_at=_ended_at(batch),
+    )
+
+
+def _ended_at(batch: Any) -> float | None:
+    """Return when an OpenAI batch reached its terminal status (epoch seconds), or None while it runs."""
+    for name in ("completed_at", "failed_at", "expired_at", "cancelled_at"):
+        value = getattr(batch, name, None)
+        if value:
+            return float(value)
+    return None
+
+
+#: Seconds one batch-create request may take (a small JSON POST; uploads keep the client's 600 s).
+CREATE_TIMEOUT = 60.0
+#: Seconds after which a failing create is not attempted again (the task fails; its retry reconciles).
+CREATE_WITHIN = 180.0
+
+
+class OpenAIBatchHook(BatchHook):
+    """Submit chunk files to the OpenAI Batch API, poll, cancel and stream results.
+
+    :param conn_id: Airflow connection id (type ``openai_batch`` or ``openai``).
+    :param retry_policy: attempts above the SDK's own retries for every API call.
+    :param max_retries: the SDK's own retry count (keep it > 0: it handles quick blips).
+    :param timeout: per-request timeout in seconds.
+    """
+
+    conn_name_attr = "conn_id"
+    default_conn_name: ClassVar[str] = "openai_batch_default"
+    conn_type = "openai_batch"
+    hook_name = "OpenAI Batch"
+
+    provider: ClassVar[str] = "openai"
+    limits: ClassVar[ProviderLimits] = OPENAI_LIMITS
+    exact_reconcile: ClassVar[bool] = True
+    supports_token_budget: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        conn_id: str | None = None,
+        *,
+        retry_policy: RetryPolicy | None = None,
+        max_retries: int = 2,
+        timeout: float = 600.0,
+    ) -> None:
+        super().__init__(conn_id)
+        self.retry_policy = retry_policy or RetryPolicy()
+        self.max_retries = max_retries
+        self.timeout = timeout
+
+    # -- clients ---------------------------------------------------------------------------------
+    def _client_kwargs(self, conn: Any) -> dict[str, Any]:
+        extra = conn.extra_dejson or {}
+        # A connection of Airflow's own ``openai`` type keeps client arguments in this extra.
+        kwargs: dict[str, Any] = dict(extra.get("openai_client_kwargs") or {})
+        own_url = extra.get("base_url") or kwargs.pop("base_url", None)
+        kwargs.update(
+            connection_client_kwargs(conn, max_retries=self.max_retries, timeout=self.timeout, base_url=own_url),
+            organization=extra.get("organization") or kwargs.get("organization"),
+            project=extra.get("project") or kwargs.get("project"),
+        )
+        if not kwargs["api_key"]:
+            raise openai.OpenAIError(
+                f"Connection {self.conn_id!r} has no API key: put it in the connection's password field."
+            )
+        return kwargs
+
+    def get_conn(self) -> openai.OpenAI:
+        """Return the synchronous SDK client."""
+        return self.client
+
+    @cached_property
+    def client(self) -> openai.OpenAI:
+        """The synchronous SDK client, built once from the connection."""
+        return new_client(openai.OpenAI, self._client_kwargs(self.get_connection(self.conn_id)))
+
+    async def aget_client(self) -> openai.AsyncOpenAI:
+        """Return the async SDK client (connection read without blocking the event loop)."""
+        if self._async_client is None:
+            conn = await self.aget_connection(self.conn_id)
+            self._async_client = await anew_client(openai.AsyncOpenAI, lambda: self._client_kwargs(conn))
+        return self._async_client
+
+    def _call(self, what: str, fn: Any) -> Any:
+        return call_with_retries(fn, what=what, classify=classify_openai_error, policy=self.retry_policy)
+
+    # -- interface ----------------------------------------------------------------------------------
+    def upload_file(self, path: str, *, chunk_label: str = "") -> str:
+        """Upload a JSONL chunk file with purpose ``batch``; return the file id (streamed, not read whole)."""
+        source = to_path(path)
+
+        def upload() -> Any:
+            with source.open("rb") as handle:
+                return self.client.files.create(file=(source.name, handle), purpose="batch")
+
+        file_obj = self._call(f"upload of {chunk_label or path}", upload)
+        return str(file_obj.id)
+
+    def create_batch(self, chunk: ChunkDescriptor, *, input_file_id: str | None, metadata: Mapping[str, str]) -> str:
+        """Create a batch over the uploaded file with the 24 h completion window; return its id."""
+        if not input_file_id:
+            raise ValueError(f"{chunk['label']}: an OpenAI batch needs an uploaded file (see upload_file)")
+        # Bounded: a create still in flight when this task is declared dead can land after the rerun
+        # created its own batch (both are then billed). Short attempts, no SDK retries of its own, and
+        # no new attempt after CREATE_WITHIN seconds keep that window small; the submit and the sensor
+        # reconcile what lands anyway (batches/submission.py: cancel_siblings).
+        client = self.client.with_options(timeout=CREATE_TIMEOUT, max_retries=0)
+        batch = call_with_retries(
+            lambda: client.batches.create(
+                input_file_id=input_file_id,
+                endpoint=chunk["endpoint"],  # type: ignore[arg-type]
+                completion_window="24h",
+                metadata=dict(metadata),
+            ),
+            what=f"{chunk['label']}: batch create for file {input_file_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+            within=CREATE_WITHIN,
+        )
+        self.log.info("%s: created batch %s from file %s", chunk["label"], batch.id, input_file_id)
+        return str(batch.id)
+
+    def _iter_batches(self, *, max_pages: int) -> Iterator[Any]:
+        """Yield recent SDK batches, newest first, at most ``max_pages`` pages of 100."""
+        page = self._call("batch list", lambda: self.client.batches.list(limit=100))
+        for number in range(max_pages):
+            yield from page.data
+            if number + 1 == max_pages or not page.has_next_page():
+                return
+            page = self._call("batch list (next page)", page.get_next_page)
+
+    def find_batches(self, metadata_key: str, value: str, *, max_pages: int = 10) -> list[BatchState]:
+        """Return recent batches whose ``metadata[metadata_key] == value`` (newest first)."""
+        return [
+            state_from_openai(batch)
+            for batch in self._iter_batches(max_pages=max_pages)
+            if (batch.metadata or {}).get(metadata_key) == value
+        ]
+
+    def in_flight_tokens(self, model: str, *, max_pages: int = 10) -> int:
+        """Sum the estimated input tokens of non-terminal batches for ``model`` (see ``token_budget``).
+
+        Only batches whose metadata carries ``airflow_chunk_tokens`` count: batches created
+        elsewhere are invisible to this gate (the provider's own refusal still covers them).
+        """
+        total = 0
+        for batch in self._iter_batches(max_pages=max_pages):
+            tokens = tokens_from_metadata(batch.metadata, model)
+            if tokens is not None and not map_openai_status(batch.status, batch.id).is_terminal:
+                total += tokens
+        return total
+
+    def find_existing(
+        self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
+    ) -> list[BatchState]:
+        """Find batches whose metadata carries ``idempotency_key`` (see SubmitBatchOperator)."""
+        return self.find_batches(IDEMPOTENCY_METADATA_KEY, idempotency_key)
+
+    def get_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state."""
+        return state_from_openai(
+            self._call(f"status of batch {batch_id}", lambda: self.client.batches.retrieve(batch_id))
+        )
+
+    async def aget_state(self, batch_id: str) -> BatchState:
+        """Return the batch's current state using the async client."""
+        client = await self.aget_client()
+        batch = await acall_with_retries(
+            lambda: client.batches.retrieve(batch_id),
+            what=f"status of batch {batch_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+        )
+        return state_from_openai(batch)
+
+    def cancel(self, batch_id: str) -> BatchState:
+        """Ask OpenAI to cancel the batch (it moves to ``cancelling``, then ``cancelled``)."""
+        return state_from_openai(
+            self._call(f"cancel of batch {batch_id}", lambda: self.client.batches.cancel(batch_id))
+        )
+
+    async def acancel(self, batch_id: str) -> BatchState:
+        """Async twin of :meth:`cancel`."""
+        client = await self.aget_client()
+        batch = await acall_with_retries(
+            lambda: client.batches.cancel(batch_id),
+            what=f"cancel of batch {batch_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+        )
+        return state_from_openai(batch)
+
+    def _stream_file_lines(self, file_id: str) -> Generator[bytes]:
+        with self.client.files.with_streaming_response.content(file_id) as response:
+            pending = b""
+            for piece in response.iter_bytes(1 << 20):
+                pending += piece
+                lines = pending.split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        yield line
+            if pending.strip():
+                yield pending
+
+    def iter_file_lines(self, file_id: str) -> Iterator[bytes]:
+        """Stream a file's lines without loading it whole (blank lines skipped).
+
+        A 429/5xx on opening or a connection that breaks mid-file reopens the file (with our
+        retry policy) and skips the lines already yielded: none is lost, none comes twice.
+        """
+        return iter_with_restarts(
+            lambda: self._stream_file_lines(file_id),
+            what=f"download of file {file_id}",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+        )
+
+    def iter_results(self, state: BatchState) -> Iterator[ResultRecord]:
+        """Yield the parsed lines of the batch's output file, then of its error file."""
+        for file_id in (state.output_file_id, state.error_file_id):
+            if file_id:
+                for line in self.iter_file_lines(file_id):
+                    yield parse_openai_line(line)
+
+    def iter_result_tables(self, state: BatchState, response_type: pa.DataType) -> Iterator[pa.Table]:
+        """Yield the output file's results, then the error file's, as Arrow tables of up to 65,536 lines."""
+        from airflow_batch_provider.results.table import join_lines, openai_result_table
+
+        for file_id in (state.output_file_id, state.error_file_id):
+            if file_id:
+                for block in join_lines(self.iter_file_lines(file_id)):
+                    yield openai_result_table(block, response_type)
+
+    def iter_failed_results(self, state: BatchState) -> Iterator[ResultRecord]:
+        """Yield the results of the lines that did not succeed, read from the error file alone.
+
+        The output file holds only successes, so deciding what to retry never downloads the answers.
+        """
+        if state.error_file_id:
+            for line in self.iter_file_lines(state.error_file_id):
+                record = parse_openai_line(line)
+                if record["status"] != "succeeded":
+                    yield record
+
+    def delete_file(self, file_id: str) -> None:
+        """Delete an uploaded or result file."""
+        self._call(f"delete of file {file_id}", lambda: self.client.files.delete(file_id))
+
+    def batch_url(self, batch_id: str) -> str | None:
+        """Link to the batch in the OpenAI platform console; None when the connection points elsewhere."""
+        try:  # a link never fails a task: no connection or no key gives no link
+            base_url = str(self.client.base_url)
+        except (AirflowNotFoundException, openai.OpenAIError):
+            return None
+        return console_url("openai", base_url, batch_id)
