@@ -10,6 +10,10 @@ name: it ends in the submission's idempotency key (``… [<key>]``), so after a 
 "created" and "checkpointed" :meth:`find_existing` finds the batch by its name, exactly
 (``exact_reconcile``). Results are one JSONL file (``dest.file_name``) downloaded to a temporary
 file and read line by line, so a batch's answers never sit in memory whole.
+
+The clients read the connection as every hook does (:mod:`~airflow_batch_provider.hooks.sdk_clients`)
+and use the process's one TLS context; they are kept beside the hook, not in it, so ``vars(hook)``
+and a pickled hook hold no API key.
 """
 
 from __future__ import annotations
