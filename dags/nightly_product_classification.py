@@ -72,6 +72,7 @@ DEFAULT_MODELS = {
     "openai": "gpt-4o-mini",
     "anthropic": "claude-haiku-4-5",
     "bedrock": "anthropic.claude-3-5-haiku-20241022-v1:0",
+    "gemini": "gemini-2.5-flash",
 }
 
 PROMPT = (
@@ -81,7 +82,8 @@ PROMPT = (
     "Description: {description}"
 )
 
-# Structured output: OpenAI gets it as a json_schema response_format, Anthropic as a forced tool call.
+# Structured output: OpenAI gets it as a json_schema response_format, Anthropic as a forced tool call,
+# Gemini as responseMimeType application/json with the schema in responseJsonSchema.
 CLASSIFICATION = {
     "title": "classification",
     "type": "object",
@@ -112,13 +114,15 @@ with DAG(
             description=f"Synthetic products to generate. Scheduled runs use the default ({SCHEDULED_ROWS}).",
         ),
         "provider": Param(
-            "openai", enum=["openai", "anthropic", "bedrock"], description="Batch API to use (bedrock: Amazon Bedrock)."
+            "openai",
+            enum=["openai", "anthropic", "bedrock", "gemini"],
+            description="Batch API to use (bedrock: Amazon Bedrock; gemini: Google Gemini Batch API).",
         ),
         "model": Param(
             "",
             type="string",
             description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-4-5 (Anthropic) / "
-            "anthropic.claude-3-5-haiku-20241022-v1:0 (Bedrock).",
+            "anthropic.claude-3-5-haiku-20241022-v1:0 (Bedrock) / gemini-2.5-flash (Gemini).",
         ),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
         "output_dir": Param("", type="string", description="Output dataset folder; empty: under data_dir."),
@@ -144,7 +148,7 @@ with DAG(
             type="integer",
             minimum=1,
             maximum=100_000,
-            description="Requests per batch (OpenAI and Bedrock: at most 50,000). "
+            description="Requests per batch (OpenAI, Bedrock and Gemini: at most 50,000). "
             "Keep chunks ≤ [core] max_map_length (1,024).",
         ),
     },

@@ -42,6 +42,7 @@ DAG_IDS = {
     "openai": "nightly_product_classification",
     "anthropic": "nightly_product_classification",
     "bedrock": "nightly_product_classification",
+    "gemini": "nightly_product_classification",
     # Self-hosted server mode: the emulator's realtime routes stand in for `vllm serve`.
     "server": "self_hosted_vllm",
 }
@@ -61,6 +62,8 @@ def _env(home: Path, data_dir: Path) -> dict[str, str]:
     )
     env.pop("OPENAI_API_KEY", None)
     env.pop("ANTHROPIC_API_KEY", None)
+    env.pop("GEMINI_API_KEY", None)
+    env.pop("GOOGLE_API_KEY", None)
     return env
 
 
@@ -271,6 +274,9 @@ def main() -> int:
         env["AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT"] = json.dumps(
             {"conn_type": "anthropic_batch", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
         )
+        env["AIRFLOW_CONN_GEMINI_DEFAULT"] = json.dumps(
+            {"conn_type": "gemini", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
+        )
         if s3_url is not None:
             env["AIRFLOW_CONN_BEDROCK_BATCH_DEFAULT"] = _bedrock_conn(port, s3_url, bucket)
         before = _stats(port)
@@ -324,10 +330,13 @@ def print_failure(
     log_path: Path,
 ) -> None:
     """Say why the run failed in one sentence, and what reached the emulator (nothing if the cost guard stopped it)."""
-    uploaded = int(after["openai"]["files_uploaded"]) - int(before["openai"]["files_uploaded"])
+    uploaded = sum(
+        int(after.get(p, {}).get("files_uploaded", 0)) - int(before.get(p, {}).get("files_uploaded", 0))
+        for p in ("openai", "gemini")
+    )
     created = sum(
-        int(after[p].get("batches_created", 0)) - int(before[p].get("batches_created", 0))
-        for p in ("openai", "anthropic", "bedrock")
+        int(after.get(p, {}).get("batches_created", 0)) - int(before.get(p, {}).get("batches_created", 0))
+        for p in ("openai", "anthropic", "bedrock", "gemini")
     )
     print(f"\ndemo FAILED (airflow dags test exit code {returncode})", flush=True)
     if guard := notable.get("cost_guard"):

@@ -69,7 +69,7 @@ class ChunkOperator(BaseOperator):
     :param prompt_template: ``str.format`` template over the table's columns; not templated.
     :param model: model name written into every request. Templated.
     :param provider: the name of an installed batch backend (built in: ``"openai"``, the default,
-        ``"anthropic"`` and ``"bedrock"``; see docs/backends.md). Templated (checked once rendered).
+        ``"anthropic"``, ``"bedrock"`` and ``"gemini"``; see docs/backends.md). Templated (checked once rendered).
     :param endpoint: one of the backend's endpoints (``Backend.endpoints``; default: its first, e.g.
         OpenAI's ``/v1/chat/completions``).
     :param job_dir: folder for this job's files; default

@@ -30,6 +30,13 @@ Scheduled → InProgress → Completed, one latency apart); ``bedrock-runtime`` 
 answers at once. Job data lives in S3: ``--s3-endpoint-url`` (moto's server, or any S3), or by
 default a moto server the emulator starts on the same host. See :mod:`.bedrock_api`.
 
+Google Gemini (Developer API): ``genai.Client(api_key="x", http_options={"base_url":
+"http://127.0.0.1:PORT", "api_version": "v1beta"})`` uploads files (resumable), creates batches
+(``models/{model}:batchGenerateContent``), gets, lists and cancels them (PENDING → RUNNING →
+SUCCEEDED, one latency apart) and downloads their result files; ``generateContent`` answers at
+once. The key goes in ``x-goog-api-key``. Line faults as below (an expired line ends its whole
+job ``EXPIRED``). See :mod:`.gemini_api`.
+
 Control routes (no auth, never faulted): ``GET /_emulator/stats`` (counters),
 ``POST /_emulator/reset`` (forget everything; faults back to the start-up switches),
 ``GET|POST /_emulator/faults`` (read / replace the fault settings with a JSON object of the

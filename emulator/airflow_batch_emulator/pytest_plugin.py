@@ -5,7 +5,8 @@
   counters or faults); offers ``url``, ``openai_base_url``, ``anthropic_base_url``, ``stats()``,
   ``set_faults(**kwargs)``, ``reset()`` and ``batches()``.
 - ``batch_emulator_env`` (function): ``batch_emulator`` plus the Airflow connections
-  ``AIRFLOW_CONN_OPENAI_BATCH_DEFAULT`` / ``AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT`` pointing at it.
+  ``AIRFLOW_CONN_OPENAI_BATCH_DEFAULT`` / ``AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT`` /
+  ``AIRFLOW_CONN_GEMINI_DEFAULT`` pointing at it.
 - ``bedrock_emulator_env`` (function): ``batch_emulator`` plus ``AIRFLOW_CONN_BEDROCK_BATCH_DEFAULT``
   on its Bedrock routes and its S3 endpoint (moto), with a fresh bucket per test.
 
@@ -34,6 +35,9 @@ def connection_env(emulator: BatchEmulator) -> dict[str, str]:
         ),
         "AIRFLOW_CONN_ANTHROPIC_BATCH_DEFAULT": json.dumps(
             {"conn_type": "anthropic_batch", "host": emulator.anthropic_base_url, "password": EMULATOR_API_KEY}
+        ),
+        "AIRFLOW_CONN_GEMINI_DEFAULT": json.dumps(
+            {"conn_type": "gemini", "host": emulator.url, "password": EMULATOR_API_KEY}
         ),
     }
 

@@ -30,6 +30,7 @@ from airflow_batch_emulator.bedrock_api import BedrockApi, bedrock_error, is_bed
 from airflow_batch_emulator.config import EmulatorConfig
 from airflow_batch_emulator.engine import Engine
 from airflow_batch_emulator.faults import Faults
+from airflow_batch_emulator.gemini_api import GeminiApi, gemini_error, is_gemini_path, is_upload_session
 from airflow_batch_emulator.openai_api import OpenAIApi
 from airflow_batch_emulator.openai_batch import OpenAIRunner
 from airflow_batch_emulator.scheduling import RealtimeScheduler
@@ -66,11 +67,13 @@ class BatchEmulator:
         anthropic_runner = AnthropicRunner(self.store, self.config.latency, self.config.slice_size)
         self.engine = Engine(self.store, openai_runner, anthropic_runner)
         self.bedrock = BedrockApi(self.store, self.config)  # owns its job worker and S3 endpoint
+        self.gemini = GeminiApi(self.store, self.config)  # owns its job worker (started by the first create)
         self._routes: list[_Route] = []
         for method, pattern, handler in [
             *OpenAIApi(self.store, openai_runner, self.config).routes(),
             *AnthropicApi(self.store, anthropic_runner, self.config).routes(),
             *self.bedrock.routes(),
+            *self.gemini.routes(),
         ]:
             self._routes.append((method, re.compile(pattern), handler))
         self._server: HttpServer | None = None
@@ -109,6 +112,7 @@ class BatchEmulator:
             self._thread = None
         self.engine.stop()
         self.bedrock.close()
+        self.gemini.close()
 
     def __enter__(self) -> BatchEmulator:
         return self.start()
@@ -160,6 +164,7 @@ class BatchEmulator:
         """Forget every file, batch and counter; faults go back to the start-up settings."""
         self.store.reset()
         self.bedrock.runner.reset()
+        self.gemini.reset()
 
     def set_faults(self, **settings: Any) -> Faults:
         """Replace the fault settings (fields not given go back to off) and return them."""
@@ -178,7 +183,8 @@ class BatchEmulator:
 
     def batches(self, include_custom_ids: bool = False) -> list[dict[str, Any]]:
         """List every batch of both providers with its status and custom_id count."""
-        return self.store.batches(include_custom_ids) + self.bedrock.batches(include_custom_ids)
+        bedrock, gemini = self.bedrock.batches(include_custom_ids), self.gemini.batches(include_custom_ids)
+        return self.store.batches(include_custom_ids) + bedrock + gemini
 
     # dispatch ---------------------------------------------------------------------------------
 
@@ -187,6 +193,7 @@ class BatchEmulator:
         path, _, qs = handler.path.partition("?")
         family: ErrorFactory = anthropic_error if path.startswith("/v1/messages") else openai_error
         family = bedrock_error if is_bedrock_path(path) else family
+        family = gemini_error if is_gemini_path(path) else family
         try:
             body = handler.read_body(self.config.max_upload_bytes)
         except ValueError:
@@ -208,7 +215,9 @@ class BatchEmulator:
         auth = req.headers.get("Authorization", "")
         bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         signed = auth.startswith("AWS4-HMAC-SHA256 ")  # boto3 signs with SigV4 (Bedrock routes)
-        if not bearer and not signed and not req.headers.get("x-api-key", "").strip():
+        # Gemini: x-goog-api-key; its upload chunks carry none (the upload id authorises them).
+        keyed = req.headers.get("x-api-key", "").strip() or req.headers.get("x-goog-api-key", "").strip()
+        if not bearer and not signed and not keyed and not is_upload_session(req):
             return family(401, "authentication_error", "Missing or empty API key.").response()
         faulted = self._http_fault(handler, family)
         if faulted is not None:

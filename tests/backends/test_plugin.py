@@ -145,6 +145,7 @@ def test_the_built_in_backends_register_through_the_entry_point_group():
         "openai": "airflow_batch_provider.backends.openai:OpenAIBackend",
         "anthropic": "airflow_batch_provider.backends.anthropic:AnthropicBackend",
         "bedrock": "airflow_batch_provider.backends.bedrock:BedrockBackend",
+        "gemini": "airflow_batch_provider.backends.gemini:GeminiBackend",
     }
 
 
@@ -186,7 +187,7 @@ def test_an_unknown_provider_gets_a_clear_error_not_another_backends_checks(para
     with pytest.raises(InvalidInputError) as caught:
         RequestSpec(provider="vertex", model="gemini-x", params=params)
     message = str(caught.value)
-    assert "Unknown provider 'vertex'" in message and "'anthropic', 'bedrock', 'openai'" in message
+    assert "Unknown provider 'vertex'" in message and all(f"'{name}'" in message for name in backend_names())
     assert "max_tokens" not in message
     with pytest.raises(InvalidInputError, match="Unknown provider 'vertex'"):
         get_backend("vertex")
@@ -207,7 +208,7 @@ def test_a_backend_registered_under_another_name_is_refused(tmp_path, monkeypatc
 
 
 def test_choosing_one_backend_imports_no_other_backends_sdk():
-    """Chunk, render and load the hook for Anthropic: neither the openai SDK nor boto3 is imported."""
+    """Chunk, render and load the hook for Anthropic: no other SDK (openai, boto3, google-genai) is imported."""
     code = (
         "import sys\n"
         "from airflow_batch_provider.chunking.requests import renderer_for\n"
@@ -218,7 +219,7 @@ def test_choosing_one_backend_imports_no_other_backends_sdk():
         "renderer_for(spec).request_dict('a', 'b')\n"
         "default_pricing()\n"
         "hook_class_for('anthropic')\n"
-        "print(sorted(m for m in ('anthropic', 'openai', 'boto3', 'botocore') if m in sys.modules))\n"
+        "print(sorted(m for m in ('anthropic', 'openai', 'boto3', 'botocore', 'google.genai') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip().splitlines()[-1] == "['anthropic']"

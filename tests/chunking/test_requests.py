@@ -242,7 +242,7 @@ def test_default_endpoints() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
-        pytest.param({"provider": "gemini"}, ["'gemini'", "anthropic", "openai"], id="unknown-provider"),
+        pytest.param({"provider": "mistral"}, ["'mistral'", "anthropic", "openai"], id="unknown-provider"),
         pytest.param(
             {"endpoint": "/v1/messages"},
             ["/v1/messages", "/v1/chat/completions", "/v1/embeddings"],

@@ -56,6 +56,8 @@ def test_every_default_has_the_50_percent_batch_discount_and_a_provider() -> Non
         expected = "anthropic" if model.startswith("claude") else "openai"
         if model.startswith(("anthropic.", "amazon.")):  # Bedrock model ids
             expected = "bedrock"
+        if model.startswith("gemini-"):
+            expected = "gemini"
         assert price.provider == expected, model
 
 

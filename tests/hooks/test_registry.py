@@ -22,7 +22,9 @@ def test_every_registry_line_loads_a_hook_of_that_provider(provider):
 
 
 def test_an_unknown_provider_names_the_known_ones():
-    with pytest.raises(InvalidInputError, match=r"'vertex'.*\['anthropic', 'bedrock', 'openai', 'server', 'vllm'\]"):
+    with pytest.raises(
+        InvalidInputError, match=r"'vertex'.*\['anthropic', 'bedrock', 'gemini', 'openai', 'server', 'vllm'\]"
+    ):
         get_batch_hook("vertex")
 
 
@@ -36,7 +38,7 @@ def test_choosing_a_backend_imports_no_other_backend():
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert "hooks.local_results" in out
-    assert not [name for name in ("openai", "anthropic", "bedrock") if f"backends.{name}.hook" in out]
+    assert not [name for name in ("openai", "anthropic", "bedrock", "gemini") if f"backends.{name}.hook" in out]
 
 
 def test_the_async_cancel_defaults_to_the_blocking_one():

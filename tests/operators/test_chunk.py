@@ -103,7 +103,7 @@ def test_bad_input_fails_in_execute_and_leaves_nothing(tmp_path: Path) -> None:
         pytest.param({"chunk_size": 0}, "chunk_size must be an integer from 1 to 50,000", id="chunk-size-zero"),
         pytest.param({"chunk_size": 60_000}, "got 60000", id="chunk-size-over-openai"),
         pytest.param({"byte_cap": 0}, "byte_cap", id="byte-cap-zero"),
-        pytest.param({"provider": "gemini"}, "Unknown provider 'gemini'", id="unknown-provider"),
+        pytest.param({"provider": "mistral"}, "Unknown provider 'mistral'", id="unknown-provider"),
         pytest.param({"endpoint": "/v1/responses"}, "accepted: /v1/chat/completions", id="unsupported-endpoint"),
         pytest.param({"provider": "anthropic"}, "max_tokens", id="anthropic-without-max-tokens"),
         pytest.param(
