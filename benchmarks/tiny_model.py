@@ -99,6 +99,17 @@ def cpu_engine_env(*, in_process: bool = True) -> dict[str, str]:
     return env
 
 
+def cpu_engine_factory(**engine_args: Any) -> Any:
+    """An ``$AIRFLOW_BATCH_VLLM_ENGINE_FACTORY`` for the CPU build: the operator's arguments plus :data:`ENGINE_ARGS`.
+
+    ``make demo BACKEND=vllm`` sets it, so that the example DAG (written for GPUs) runs the tiny model
+    in eager mode with a 512-token context; the engine is the real one (``vllm_engine.load_engine``).
+    """
+    from airflow_batch_provider.hooks import vllm_engine
+
+    return vllm_engine.load_engine(**{**engine_args, **ENGINE_ARGS})
+
+
 def _corpus(lines: int = 4000, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     text = []

@@ -177,6 +177,11 @@ def create_engine(**engine_args: Any) -> VLLMEngine:
     factory = os.environ.get(ENGINE_FACTORY_ENV)
     if factory:
         return _configured_factory(factory)(**engine_args)
+    return load_engine(**engine_args)
+
+
+def load_engine(**engine_args: Any) -> VLLMEngine:
+    """Load ``vllm.LLM(**engine_args)`` with the installed vLLM (what a configured factory can build on)."""
     classes = load_classes()
     from vllm import LLM
 
