@@ -141,3 +141,22 @@ def test_a_second_operator_in_the_same_process_completions_and_empty_prompt(cpu_
     assert lines["p-1"]["response"]["body"]["usage"]["prompt_tokens"] == 4
     assert lines["empty"]["response"]["status_code"] == 400
     assert len(loads.engines) == 1 and loads.engines[0].llm is None
+
+
+def test_embeddings_on_the_same_tiny_model_as_a_pooling_engine(cpu_engine, loads, tmp_path):
+    """The CPU build serves the tiny Llama as an embedding model (runner="pooling", convert="embed")."""
+    bodies = {
+        "one": {"model": "tiny", "input": "red cotton shirt"},
+        "two": {"model": "tiny", "input": ["steel kettle", "wooden chair"]},
+        "dims": {"model": "tiny", "input": "lamp", "dimensions": 8},
+        "too-long": {"model": "tiny", "input": " ".join(["lamp"] * 600)},
+    }
+    chunk = _chunk(tmp_path / "embeddings", bodies, endpoint="/v1/embeddings")
+    kwargs = {**cpu_engine, "engine_kwargs": {**cpu_engine["engine_kwargs"], "runner": "pooling", "convert": "embed"}}
+    lines = _lines(VLLMGenerateOperator(task_id="embed", chunk=chunk, **kwargs).execute(make_context()))
+    one, two = lines["one"]["response"]["body"], lines["two"]["response"]["body"]
+    assert len(one["data"]) == 1 and len(two["data"]) == 2
+    assert len(one["data"][0]["embedding"]) == 128 and one["usage"]["prompt_tokens"] > 0
+    assert lines["dims"]["response"]["status_code"] == 400
+    assert lines["too-long"]["response"]["body"]["error"]["code"] == "context_length_exceeded"
+    assert len(loads.engines) == 1 and loads.engines[0].runner == "pooling" and loads.engines[0].llm is None
