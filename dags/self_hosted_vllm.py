@@ -24,7 +24,7 @@ from airflow.sdk import DAG, Param, task
 from airflow_batch_provider.operators.chunk import ChunkOperator
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
-from airflow_batch_provider.operators.vllm import vLLMGenerateOperator
+from airflow_batch_provider.operators.vllm import VLLMGenerateOperator
 
 # One folder per run and task under the job_dir Param; empty: ChunkOperator's default under $AIRFLOW_BATCH_WORK_DIR.
 JOB_DIR = "{{ params.job_dir and (params.job_dir ~ '/' ~ dag.dag_id ~ '/' ~ run_id ~ '/chunk') }}"
@@ -103,7 +103,7 @@ with DAG(
     branch = choose_backend("{{ params.mode }}")
     chunks >> branch
 
-    vllm_batches = vLLMGenerateOperator.partial(
+    vllm_batches = VLLMGenerateOperator.partial(
         task_id="vllm_generate",
         max_num_seqs=256,
         gpu_memory_utilization=0.90,

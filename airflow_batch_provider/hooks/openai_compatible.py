@@ -35,8 +35,8 @@ from airflow.sdk.log import mask_secret
 
 from airflow_batch_provider.backends.openai.hook import classify_openai_error
 from airflow_batch_provider.exceptions import ProviderCallError
-from airflow_batch_provider.hooks.local_results import ResultCounts, error_line, success_line
 from airflow_batch_provider.hooks.sdk_clients import new_client
+from airflow_batch_provider.self_hosted.output_lines import ResultCounts, error_line, success_line
 from airflow_batch_provider.utils.adaptive import AdaptiveLimit
 from airflow_batch_provider.utils.http_logs import quiet_transport_logs
 from airflow_batch_provider.utils.retry import RetryPolicy

@@ -1,6 +1,6 @@
 """The one place that imports vLLM: load the engine, read what requests need from it, shut it down.
 
-:func:`create_engine` is the single factory vLLMGenerateOperator calls: it imports ``vllm``
+:func:`create_engine` is the single factory VLLMGenerateOperator calls: it imports ``vllm``
 (an optional extra: ``pip install 'airflow-batch-provider[vllm]'``), loads ``vllm.LLM(**engine_args)``
 and returns a :class:`VLLMEngine`: the ``LLM`` plus what the request code needs from this vLLM
 version and this model (the ``SamplingParams`` and structured-output classes, the error classes
@@ -16,8 +16,10 @@ names a callable (``package.module.function``) that takes :func:`create_engine`'
 returns a :class:`VLLMEngine` (a patched vLLM, a wrapper that adds tracing, or — in the
 distributed test suite, which has no GPU — a stand-in ``LLM`` over vLLM's real classes).
 
-Supported: vLLM >= 0.10.2 (:data:`MIN_VLLM`), the first release with ``runner="pooling"`` whose
-default (V1) engine compiles the JSON schemas ChunkOperator writes (``enum``, ``pattern``, bounds).
+Supported: vLLM >= 0.11.1 (:data:`MIN_VLLM`), checked when the engine is loaded. Before it, a request
+that ``LLM.chat`` refuses mid-batch left the requests added before it queued in the engine
+(vllm-project/vllm issue 26081, fixed by PR 27420): the next call — the operator's bisecting retry —
+got their outputs too ("vLLM returned 69 outputs for 32 requests") and the chunk failed.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowFailException
+
 from airflow_batch_provider.exceptions import BatchProviderError
 
 INSTALL_HINT = "pip install 'airflow-batch-provider[vllm]'"
-MIN_VLLM = "0.10.2"
+MIN_VLLM = "0.11.1"
 # Set on a worker to load engines through another factory (see the module docstring).
 ENGINE_FACTORY_ENV = "AIRFLOW_BATCH_VLLM_ENGINE_FACTORY"
 
@@ -50,8 +54,12 @@ GENERATION_DEFAULT_KEYS = (
 )
 
 
-class EngineUnavailableError(BatchProviderError):
-    """Report that vLLM cannot be imported on this worker (not installed, or a broken install)."""
+class EngineUnavailableError(BatchProviderError, AirflowFailException):
+    """Report that vLLM cannot be imported on this worker (not installed, too old, or a broken install).
+
+    An AirflowFailException: a retry on the same worker finds the same install, so the task fails
+    at once instead of spending its retries (route it to a worker with vLLM, then clear it).
+    """
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,9 @@ class VLLMEngine:
     """A loaded model plus what its requests need; see :func:`describe_llm`.
 
     ``count_prompt`` returns the prompt tokens of a chat conversation (a message list) or of an
-    embedding input (a string), or None when the tokenizer cannot tell.
+    embedding input (a string), or None when the tokenizer cannot tell. ``bound_prompt`` returns a
+    cheap upper bound of the same number (or None): where it already fits, the exact count — which
+    renders the chat template and tokenizes, as vLLM does again inside ``chat`` — is skipped.
     """
 
     llm: Any
@@ -87,6 +97,7 @@ class VLLMEngine:
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
     count_prompt: Callable[[Any], int | None] | None = None
     max_num_seqs: int | None = None
+    bound_prompt: Callable[[Any], int | None] | None = None
     cleanup: Callable[[], Any] = gc.collect
 
     @property
@@ -97,7 +108,7 @@ class VLLMEngine:
 
 def _import_error(exc: BaseException) -> EngineUnavailableError:
     return EngineUnavailableError(
-        f"vLLMGenerateOperator needs vLLM >= {MIN_VLLM} on the worker that runs it, but importing vllm failed "
+        f"VLLMGenerateOperator needs vLLM >= {MIN_VLLM} on the worker that runs it, but importing vllm failed "
         f"({exc}). Install the extra on your GPU workers: {INSTALL_HINT} (see docker/Dockerfile.gpu), "
         "and route the task to them with queue='gpu'."
     )
@@ -124,6 +135,8 @@ def load_classes() -> VLLMClasses:
         client = (*client, VLLMClientError)
     except ImportError:
         pass
+    version = str(getattr(vllm, "__version__", "unknown"))
+    check_version(version)
     fatal: tuple[type[BaseException], ...] = ()
     try:
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -136,8 +149,24 @@ def load_classes() -> VLLMClasses:
         structured_outputs=structured,
         client_errors=client,
         fatal_errors=fatal,
-        version=str(getattr(vllm, "__version__", "unknown")),
+        version=version,
     )
+
+
+def check_version(version: str) -> None:
+    """Raise EngineUnavailableError for a vLLM older than :data:`MIN_VLLM` (an unreadable version passes)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        too_old = Version(version) < Version(MIN_VLLM)
+    except InvalidVersion:
+        return
+    if too_old:
+        raise EngineUnavailableError(
+            f"vLLM {version} is installed, VLLMGenerateOperator needs >= {MIN_VLLM}: older releases leave the "
+            "requests of a batch queued when one request is refused (vllm-project/vllm issue 26081), so one bad "
+            f"row would fail the whole chunk. Upgrade vLLM on the GPU workers: {INSTALL_HINT}."
+        )
 
 
 def create_engine(**engine_args: Any) -> VLLMEngine:
@@ -148,6 +177,11 @@ def create_engine(**engine_args: Any) -> VLLMEngine:
     factory = os.environ.get(ENGINE_FACTORY_ENV)
     if factory:
         return _configured_factory(factory)(**engine_args)
+    return load_engine(**engine_args)
+
+
+def load_engine(**engine_args: Any) -> VLLMEngine:
+    """Load ``vllm.LLM(**engine_args)`` with the installed vLLM (what a configured factory can build on)."""
     classes = load_classes()
     from vllm import LLM
 
@@ -175,14 +209,16 @@ def describe_llm(llm: Any, classes: VLLMClasses) -> VLLMEngine:
     runner = str(getattr(config, "runner_type", "generate") or "generate")
     max_len = getattr(config, "max_model_len", None)
     defaults = config.get_diff_sampling_param() if config is not None else {}
+    count = _prompt_counter(llm)
     return VLLMEngine(
         llm=llm,
         classes=classes,
         max_model_len=int(max_len) if max_len else None,
         runner=runner,
         sampling_defaults={k: v for k, v in dict(defaults or {}).items() if k in GENERATION_DEFAULT_KEYS},
-        count_prompt=_prompt_counter(llm),
+        count_prompt=count,
         max_num_seqs=_scheduler_max_num_seqs(llm),
+        bound_prompt=_prompt_bound(count) if count is not None else None,
     )
 
 
@@ -220,6 +256,44 @@ def _prompt_counter(llm: Any) -> Callable[[Any], int | None] | None:
         return len(ids) if isinstance(ids, Sequence) else None
 
     return count
+
+
+def _prompt_bound(count: Callable[[Any], int | None]) -> Callable[[Any], int | None]:
+    """Return an upper bound of ``count(prompt)`` that costs no template rendering per row.
+
+    A token covers at least one byte of text (byte-level BPE, SentencePiece with byte fallback, an
+    ``<unk>`` per character), so a prompt has at most ``bytes of its text`` tokens plus what the chat
+    template (or the tokenizer's special tokens) adds around it; that overhead is counted once per
+    sequence of roles, on the same messages with empty contents. Messages that are not plain
+    ``{"role", "content": str}`` get no bound (the exact count runs). Should a template repeat the
+    content, vLLM's own check still refuses the row and the operator isolates it.
+    """
+    overheads: dict[tuple[str, ...] | None, int | None] = {}
+
+    def overhead(key: tuple[str, ...] | None) -> int | None:
+        if key not in overheads:
+            empty: Any = "" if key is None else [{"role": role, "content": ""} for role in key]
+            overheads[key] = count(empty) if key is None or key else None
+        return overheads[key]
+
+    def bound(prompt: Any) -> int | None:
+        if isinstance(prompt, str):
+            extra = overhead(None)
+            return None if extra is None else extra + len(prompt.encode())
+        if not isinstance(prompt, list):
+            return None
+        size, roles = 0, []
+        for message in prompt:
+            if not isinstance(message, Mapping) or not isinstance(message.get("content"), str):
+                return None
+            if not set(message) <= {"role", "content"}:
+                return None
+            size += len(message["content"].encode())
+            roles.append(str(message.get("role")))
+        extra = overhead(tuple(roles))
+        return None if extra is None else extra + size
+
+    return bound
 
 
 def shutdown_engine(engine: VLLMEngine) -> None:

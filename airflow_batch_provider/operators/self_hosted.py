@@ -4,7 +4,7 @@ Both take one chunk descriptor, answer every request in it themselves, write the
 the OpenAI batch output format to ``job_dir/results/chunk-NNNNN.output.jsonl`` and return a
 CompletedBatch-shaped dict, so MergeResultsOperator merges them like any provider batch. A
 chunk whose output is already complete for the same fingerprint (see
-:func:`~airflow_batch_provider.hooks.local_results.load_complete`) is not generated again.
+:func:`~airflow_batch_provider.self_hosted.output_lines.load_complete`) is not generated again.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from airflow.sdk import BaseOperator, Context
 from airflow_batch_provider.batches.line_retry import is_retryable, write_followup
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
-from airflow_batch_provider.hooks.local_results import (
+from airflow_batch_provider.job_folder import JobFolder
+from airflow_batch_provider.results.parse import parse_openai_line
+from airflow_batch_provider.self_hosted.output_lines import (
     ResultCounts,
     completed_batch,
     iter_lines,
@@ -25,8 +27,6 @@ from airflow_batch_provider.hooks.local_results import (
     results_path,
     write_meta,
 )
-from airflow_batch_provider.job_folder import JobFolder
-from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 CHUNK_LABEL_TEMPLATE = "{{ task.chunk['label'] }}"

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_batch_provider.descriptors import ChunkDescriptor
-from airflow_batch_provider.hooks.local_results import ResultCounts, iter_requests, request_id
 from airflow_batch_provider.operators.self_hosted import CHUNK_LABEL_TEMPLATE, SelfHostedGenerateOperator
+from airflow_batch_provider.self_hosted.output_lines import ResultCounts, iter_requests, request_id
 from airflow_batch_provider.utils.checks import check_int
 from airflow_batch_provider.utils.retry import RetryPolicy
 

@@ -1,9 +1,9 @@
-"""vLLMGenerateOperator: answer one chunk on the worker's own GPUs with vLLM's offline engine.
+"""VLLMGenerateOperator: answer one chunk on the worker's own GPUs with vLLM's offline engine.
 
 Map it over ChunkOperator's output like SubmitBatchOperator; it runs on Celery queue ``gpu``
 by default::
 
-    vLLMGenerateOperator.partial(task_id="generate", model="Qwen/Qwen2.5-7B-Instruct").expand(
+    VLLMGenerateOperator.partial(task_id="generate", model="Qwen/Qwen2.5-7B-Instruct").expand(
         chunk=chunks.output
     )
 
@@ -11,13 +11,14 @@ The task loads the model once (``vllm.LLM``), sends all the chunk's requests in 
 ``llm.chat`` (or ``llm.embed``) call so continuous batching keeps the GPU full, and writes the
 OpenAI batch output format, so MergeResultsOperator merges the result unchanged. A retry
 does not regenerate a chunk whose output is already complete (and does not even load the model).
-A bad row becomes an error line for that row only (see :mod:`airflow_batch_provider.hooks.vllm_answers`);
+A bad row becomes an error line for that row only (see :mod:`airflow_batch_provider.self_hosted.vllm_answers`);
 the engine is shut down when the task ends, whatever happened.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
@@ -25,7 +26,9 @@ from typing import Any, ClassVar
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks import vllm_engine
-from airflow_batch_provider.hooks.local_results import (
+from airflow_batch_provider.operators.self_hosted import CHUNK_LABEL_TEMPLATE, SelfHostedGenerateOperator
+from airflow_batch_provider.operators.vllm_pod import DEFAULT_SHM_SIZE, gpu_executor_config
+from airflow_batch_provider.self_hosted.output_lines import (
     ChunkRequest,
     ResultCounts,
     error_line,
@@ -33,9 +36,7 @@ from airflow_batch_provider.hooks.local_results import (
     request_id,
     success_line,
 )
-from airflow_batch_provider.hooks.vllm_answers import Answer, run_chat, run_embed
-from airflow_batch_provider.operators.self_hosted import CHUNK_LABEL_TEMPLATE, SelfHostedGenerateOperator
-from airflow_batch_provider.operators.vllm_pod import DEFAULT_SHM_SIZE, gpu_executor_config
+from airflow_batch_provider.self_hosted.vllm_answers import Answer, run_chat, run_embed
 
 GPU_QUEUE = "gpu"
 
@@ -84,7 +85,7 @@ class _ChunkOutput:
         self.counts.add(answer.body is not None)
 
 
-class vLLMGenerateOperator(SelfHostedGenerateOperator):
+class VLLMGenerateOperator(SelfHostedGenerateOperator):
     """Generate a chunk's answers with ``vllm.LLM`` on this worker's GPUs; return a completed batch.
 
     Engine arguments go to ``vllm.LLM``; None means vLLM's own default. The model is loaded once
@@ -92,11 +93,13 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
     keys a request leaves unset take the model's ``generation_config`` defaults, as ``vllm serve``
     does (``engine_kwargs={"generation_config": "vllm"}`` turns that off).
 
-    :param chunk: a chunk descriptor from ChunkOperator (``/v1/chat/completions`` or ``/v1/embeddings``).
+    :param chunk: a chunk descriptor from ChunkOperator (``/v1/chat/completions``, ``/v1/completions``
+        (answered with ``llm.generate``) or ``/v1/embeddings``).
     :param model: Hugging Face id or local path; default: the chunk's model.
     :param max_num_seqs: sequences vLLM schedules at once (its batch size); default: vLLM's (it picks
         by GPU, e.g. 1024 on H100/H200-class GPUs in current versions).
-    :param gpu_memory_utilization: fraction of each GPU's memory vLLM may take (weights + KV cache).
+    :param gpu_memory_utilization: fraction of each GPU's memory vLLM may take (weights + KV cache);
+        default: vLLM's own (0.9 in current versions), not sent.
     :param tensor_parallel_size: GPUs one model is sharded across; the worker must see that many
         (under KubernetesExecutor the task's pod asks for that many ``nvidia.com/gpu``).
     :param max_model_len: context length cap (lowers KV-cache memory); default: the model's.
@@ -112,6 +115,7 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
     """
 
     provider: ClassVar[str] = "vllm"
+    endpoints: ClassVar[tuple[str, ...]] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
     template_fields = (*SelfHostedGenerateOperator.template_fields, "download_dir")
     ui_color = "#fde8d7"
 
@@ -121,7 +125,7 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         chunk: ChunkDescriptor | dict[str, Any],
         model: str | None = None,
         max_num_seqs: int | None = None,
-        gpu_memory_utilization: float = 0.90,
+        gpu_memory_utilization: float | None = None,
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
         dtype: str = "auto",
@@ -153,7 +157,8 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         )
         if max_num_seqs is not None:
             _check_range("max_num_seqs", max_num_seqs, 1, integer=True)
-        _check_range("gpu_memory_utilization", gpu_memory_utilization, 0.01, 1.0)
+        if gpu_memory_utilization is not None:
+            _check_range("gpu_memory_utilization", gpu_memory_utilization, 0.01, 1.0)
         if max_model_len is not None:
             _check_range("max_model_len", max_model_len, 1, integer=True)
         self.max_num_seqs = max_num_seqs
@@ -185,11 +190,10 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         """Return the keyword arguments for ``vllm.LLM`` (None-valued options left to vLLM)."""
         args: dict[str, Any] = {
             "model": model,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
             "tensor_parallel_size": self.tensor_parallel_size,
             "dtype": self.dtype,
         }
-        for name in ("max_num_seqs", "max_model_len", "quantization", "download_dir"):
+        for name in ("gpu_memory_utilization", "max_num_seqs", "max_model_len", "quantization", "download_dir"):
             if getattr(self, name) is not None:
                 args[name] = getattr(self, name)
         args.update(self.engine_kwargs)
@@ -247,7 +251,7 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
             chunk["label"],
             model,
             self.tensor_parallel_size,
-            self.gpu_memory_utilization,
+            self.gpu_memory_utilization if self.gpu_memory_utilization is not None else "vLLM's default",
             self.max_num_seqs if self.max_num_seqs is not None else "vLLM's default",
         )
         started = time.monotonic()
@@ -276,7 +280,10 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
         def ignored(keys: list[str]) -> None:
             self.log.info("%s: request keys without a vLLM sampling parameter, ignored: %s", chunk["label"], keys)
 
-        return run_chat(engine, batch, model=model, request_ids=request_ids, on_ignored=ignored)
+        completions = chunk["endpoint"] == "/v1/completions"
+        return run_chat(
+            engine, batch, model=model, request_ids=request_ids, on_ignored=ignored, completions=completions
+        )
 
     def _shutdown(self, chunk: ChunkDescriptor, engine: vllm_engine.VLLMEngine) -> None:
         # A failed shutdown must not hide the task's own error nor fail a chunk whose output is written.
@@ -315,3 +322,16 @@ class vLLMGenerateOperator(SelfHostedGenerateOperator):
                 "quantization": self.quantization,
             },
         }
+
+
+def __getattr__(name: str) -> Any:
+    # The class's old name (before it followed PEP 8): still importable, with a DeprecationWarning.
+    if name == "vLLMGenerateOperator":
+        warnings.warn(
+            "vLLMGenerateOperator is deprecated; import VLLMGenerateOperator from "
+            "airflow_batch_provider.operators.vllm instead (same class, same arguments).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return VLLMGenerateOperator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

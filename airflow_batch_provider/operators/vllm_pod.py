@@ -1,4 +1,4 @@
-"""The Kubernetes pod a vLLMGenerateOperator task asks for when KubernetesExecutor runs it.
+"""The Kubernetes pod a VLLMGenerateOperator task asks for when KubernetesExecutor runs it.
 
 KubernetesExecutor starts one pod per task instance from its pod template, merged with the task's
 ``executor_config["pod_override"]`` (a ``kubernetes.client.models.V1Pod``; the provider merges
@@ -20,6 +20,8 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from typing import Any
+
+from airflow_batch_provider.exceptions import InvalidInputError
 
 DEFAULT_SHM_SIZE = "16Gi"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -87,6 +89,7 @@ def gpu_executor_config(
     theirs = copy.deepcopy(config.get("pod_override"))
     # Two volumes mounted at /dev/shm make an invalid pod: the user's own one wins whole.
     ours = gpu_pod_override(tensor_parallel_size, None if _mounts_dev_shm(theirs) else shm_size)
+    _align_gpus(theirs)
     _fill_resources(ours, _worker_pod_template())
     _fill_resources(theirs, ours)
     config["pod_override"] = PodGenerator.reconcile_pods(ours, theirs)
@@ -125,6 +128,31 @@ def _fill_resources(pod: Any, source: Any) -> None:
     for name in ("limits", "requests"):
         merged = {**(getattr(origin.resources, name) or {}), **(getattr(target.resources, name) or {})}
         setattr(target.resources, name, merged or None)
+
+
+def _align_gpus(pod: Any) -> None:
+    """Make the user's GPU request equal their GPU limit, whichever of the two they set.
+
+    Kubernetes refuses a pod whose extended resource (``nvidia.com/gpu``) has a request different
+    from its limit; merged key by key with ours (= ``tensor_parallel_size``), a user's limit of 8
+    alone would meet our request of 2. The user's number wins for both; two different numbers of
+    theirs are refused here, before the pod is sent.
+    """
+    base = _base_container(pod)
+    resources = base.resources if base is not None else None
+    if resources is None:
+        return
+    limit = (resources.limits or {}).get(GPU_RESOURCE)
+    request = (resources.requests or {}).get(GPU_RESOURCE)
+    if limit is not None and request is not None and str(limit) != str(request):
+        raise InvalidInputError(
+            f"executor_config pod_override asks for {GPU_RESOURCE} limit {limit} and request {request}; Kubernetes "
+            "needs them equal for an extended resource. Set one number (or only tensor_parallel_size)."
+        )
+    chosen = limit if limit is not None else request
+    if chosen is not None:
+        resources.limits = {**(resources.limits or {}), GPU_RESOURCE: chosen}
+        resources.requests = {**(resources.requests or {}), GPU_RESOURCE: chosen}
 
 
 def _mounts_dev_shm(pod: Any) -> bool:

@@ -22,8 +22,8 @@ import pytest
 
 from airflow_batch_provider.chunking.chunks import build_chunks
 from airflow_batch_provider.chunking.spec import RequestSpec
-from airflow_batch_provider.hooks.local_results import load_complete, write_meta
 from airflow_batch_provider.job_folder import MANIFEST_NAME
+from airflow_batch_provider.self_hosted.output_lines import load_complete, write_meta
 from airflow_batch_provider.utils import storage
 from tests.conftest import REPO_ROOT
 from tests.distributed.s3 import MotoS3

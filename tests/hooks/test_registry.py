@@ -53,5 +53,5 @@ def test_without_an_upload_step_submit_creates_from_the_chunk_alone(tmp_path):
     hook = get_batch_hook("vllm")
     assert hook.upload_file(str(tmp_path / "chunk.jsonl")) is None
     assert not hook.supports_token_budget
-    with pytest.raises(BatchProviderError, match=r"chunk 1/1 .*: 'vllm' results are written by vLLMGenerateOperator"):
+    with pytest.raises(BatchProviderError, match=r"chunk 1/1 .*: 'vllm' results are written by VLLMGenerateOperator"):
         hook.submit(write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}]), metadata={})

@@ -1,4 +1,4 @@
-"""vLLMGenerateOperator end to end with a stand-in model over vLLM's real classes.
+"""VLLMGenerateOperator end to end with a stand-in model over vLLM's real classes.
 
 No GPU here, so vLLM cannot load a model: every test that runs the operator replaces
 ``airflow_batch_provider.hooks.vllm_engine.create_engine`` with :class:`tests.vllm_stand_in.StandInFactory`,
@@ -20,13 +20,14 @@ import pytest
 
 from airflow_batch_provider.exceptions import BatchProviderError, InvalidInputError
 from airflow_batch_provider.hooks import vllm_engine
-from airflow_batch_provider.hooks.local_results import VLLMResultsHook, meta_path
+from airflow_batch_provider.hooks.local_results import VLLMResultsHook
 from airflow_batch_provider.hooks.registry import get_batch_hook, hook_class_for
 from airflow_batch_provider.hooks.vllm_engine import INSTALL_HINT, EngineUnavailableError, VLLMClasses
-from airflow_batch_provider.hooks.vllm_requests import RowRejected, sampling_kwargs
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
-from airflow_batch_provider.operators.vllm import vLLMGenerateOperator
+from airflow_batch_provider.operators.vllm import VLLMGenerateOperator
+from airflow_batch_provider.self_hosted.output_lines import meta_path
+from airflow_batch_provider.self_hosted.vllm_requests import RowRejected, sampling_kwargs
 from airflow_batch_provider.status import BatchState, BatchStatus
 from tests.support import InMemoryTaskStateStore, chat_line, make_context, write_chunk
 from tests.vllm_stand_in import LABELS, StandInFactory, StandInLLM, real_classes, stand_in_label
@@ -63,8 +64,8 @@ def _classify_chunk(tmp_path, n: int = 12, **params: Any):
     return write_chunk(tmp_path / "chunks", rows, lines=lines, model="Qwen/Qwen2.5-1.5B-Instruct"), lines
 
 
-def _op(chunk: Any, **kwargs: Any) -> vLLMGenerateOperator:
-    return vLLMGenerateOperator(task_id="vllm_generate", chunk=chunk, **kwargs)
+def _op(chunk: Any, **kwargs: Any) -> VLLMGenerateOperator:
+    return VLLMGenerateOperator(task_id="vllm_generate", chunk=chunk, **kwargs)
 
 
 def _output_lines(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -83,8 +84,7 @@ def test_whole_chunk_goes_to_one_chat_call_and_comes_back_in_openai_batch_format
 
     assert len(engine.loads) == 1
     assert engine.loads[0] == {
-        "model": "Qwen/Qwen2.5-1.5B-Instruct",
-        "gpu_memory_utilization": 0.90,
+        "model": "Qwen/Qwen2.5-1.5B-Instruct",  # no gpu_memory_utilization: vLLM's own default applies
         "tensor_parallel_size": 1,
         "dtype": "auto",
         "max_model_len": 4096,
@@ -119,7 +119,7 @@ def test_whole_chunk_goes_to_one_chat_call_and_comes_back_in_openai_batch_format
     assert (state.counts.total, state.counts.completed, state.counts.failed) == (12, 12, 0)
     gen = result["generation"]
     assert gen["prompts_per_s"] > 0 and gen["tokens_per_s"] > 0 and gen["output_tokens_per_s"] > 0
-    assert gen["gpu"]["gpu_memory_utilization"] == 0.90 and gen["gpu"]["tensor_parallel_size"] == 1
+    assert gen["gpu"]["gpu_memory_utilization"] is None and gen["gpu"]["tensor_parallel_size"] == 1
     # max_num_seqs was left to vLLM: the value reported is the one the engine chose.
     assert gen["gpu"]["max_num_seqs"] == 1024 and gen["reused"] is False
     orjson.dumps(result)  # XCom-safe
@@ -382,21 +382,59 @@ def test_bad_engine_arguments_fail_at_parse_time(kwargs, message):
 
 
 def test_unsupported_endpoint_is_refused(engine, tmp_path):
-    """Stand-in engine (no GPU/vllm here): /v1/completions chunks are refused before any model load."""
+    """Stand-in engine (no GPU/vllm here): /v1/responses chunks are refused before any model load."""
     rows = _rows(1)
-    lines = [{"custom_id": "p-000", "method": "POST", "url": "/v1/completions", "body": {"model": "m", "prompt": "x"}}]
-    chunk = write_chunk(tmp_path, rows, lines=lines, endpoint="/v1/completions", model="m")
-    with pytest.raises(InvalidInputError, match="/v1/completions"):
+    lines = [{"custom_id": "p-000", "method": "POST", "url": "/v1/responses", "body": {"model": "m", "input": "x"}}]
+    chunk = write_chunk(tmp_path, rows, lines=lines, endpoint="/v1/responses", model="m")
+    with pytest.raises(InvalidInputError, match="/v1/responses"):
         _op(chunk).execute(make_context())
     assert engine.loads == []
+
+
+def test_gpu_memory_utilization_is_sent_only_when_set(engine, tmp_path):
+    """Stand-in engine (no GPU here): an explicit value reaches vllm.LLM; unset, vLLM's default applies."""
+    chunk, _ = _classify_chunk(tmp_path, n=2)
+    _op(chunk, gpu_memory_utilization=0.5).execute(make_context())
+    assert engine.loads[0]["gpu_memory_utilization"] == 0.5
+    assert "gpu_memory_utilization" not in _op(chunk).engine_args("m")
+
+
+def test_the_old_lowercase_name_is_a_deprecated_alias():
+    import airflow_batch_provider.operators.vllm as module
+
+    with pytest.warns(DeprecationWarning, match="import VLLMGenerateOperator"):
+        from airflow_batch_provider.operators.vllm import vLLMGenerateOperator
+    assert vLLMGenerateOperator is VLLMGenerateOperator
+    with pytest.raises(AttributeError, match="no_such_name"):
+        module.no_such_name  # noqa: B018
+
+
+def test_without_vllm_the_task_fails_at_once_without_retries(monkeypatch):
+    """No retry can install vLLM: EngineUnavailableError is an AirflowFailException (final)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(EngineUnavailableError, match=r"pip install") as info:
+        vllm_engine.load_classes()
+    assert isinstance(info.value, AirflowFailException)
+
+
+@pytest.mark.parametrize(("version", "refused"), [("0.10.2", True), ("0.11.0", True), ("0.11.1", False), ("x", False)])
+def test_vllm_older_than_the_floor_is_refused(version, refused):
+    """0.10.2-0.11.0 leave a refused batch's other requests queued (vLLM issue 26081): refused by name."""
+    if refused:
+        with pytest.raises(EngineUnavailableError, match=rf"vLLM {version} is installed.*26081"):
+            vllm_engine.check_version(version)
+    else:
+        vllm_engine.check_version(version)
 
 
 def test_mapped_tasks_run_on_the_gpu_queue_and_are_named_by_chunk():
     from airflow.sdk import DAG
 
     with DAG("t_vllm_partial", schedule=None, start_date=datetime(2026, 1, 1)):
-        gpu = vLLMGenerateOperator.partial(task_id="gen").expand(chunk=[{"label": "chunk 1/1"}])
-        other = vLLMGenerateOperator.partial(task_id="gen2", queue="gpu-a100").expand(chunk=[{"label": "c"}])
+        gpu = VLLMGenerateOperator.partial(task_id="gen").expand(chunk=[{"label": "chunk 1/1"}])
+        other = VLLMGenerateOperator.partial(task_id="gen2", queue="gpu-a100").expand(chunk=[{"label": "c"}])
         server = ServerGenerateOperator.partial(task_id="srv").expand(chunk=[{"label": "c"}])
     assert gpu.queue == "gpu" and other.queue == "gpu-a100"
     assert server.queue != "gpu"

@@ -33,14 +33,27 @@ _PASSTHROUGH = (
 )
 # Body keys that need no SamplingParams counterpart: consumed elsewhere or harmless to drop.
 _HANDLED = frozenset(
-    {"model", "messages", "max_tokens", "max_completion_tokens", "n", "response_format", "stream", "user", "store"}
+    {
+        "model",
+        "messages",
+        "prompt",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+        "response_format",
+        "stream",
+        "user",
+        "store",
+        "echo",
+    }
 )
-_NO_TOOLS = "tool calling is not supported by vLLMGenerateOperator; use response_schema (guided decoding)"
+_NO_TOOLS = "tool calling is not supported by VLLMGenerateOperator; use response_schema (guided decoding)"
 _UNSUPPORTED = {
     "tools": _NO_TOOLS,
     "tool_choice": _NO_TOOLS,
-    "functions": "function calling is not supported by vLLMGenerateOperator; use response_schema",
-    "function_call": "function calling is not supported by vLLMGenerateOperator; use response_schema",
+    "functions": "function calling is not supported by VLLMGenerateOperator; use response_schema",
+    "function_call": "function calling is not supported by VLLMGenerateOperator; use response_schema",
+    "suffix": "'suffix' (insertion) is not supported by VLLMGenerateOperator",
 }
 
 
@@ -67,6 +80,8 @@ def sampling_kwargs(
     for key, reason in _UNSUPPORTED.items():
         if body.get(key) is not None:
             raise RowRejected(f"'{key}': {reason}.")
+    if body.get("echo"):
+        raise RowRejected("'echo' is not supported by VLLMGenerateOperator; drop it (the prompt is in your table).")
     n = body.get("n")
     if n not in (None, 1):
         raise RowRejected(f"'n' must be 1 (one completion per request), got {n!r}.")
@@ -125,10 +140,24 @@ def build_sampling_params(engine: VLLMEngine, body: Mapping[str, Any]) -> tuple[
         raise RowRejected(f"vLLM rejected the sampling parameters: {exc}") from exc
 
 
+def completion_prompt(body: Mapping[str, Any]) -> Any:
+    """Return the one prompt of a ``/v1/completions`` body (a string, or vLLM's TokensPrompt); raise RowRejected."""
+    value = body.get("prompt")
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise RowRejected("'prompt' is empty; vLLM refuses empty prompts.")
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return {"prompt_token_ids": value}
+    raise RowRejected("'prompt' must be one non-empty string or token array (one completion per request).")
+
+
 def embedding_inputs(body: Mapping[str, Any]) -> list[Any]:
     """Return the prompts of an embeddings body (strings, or ``{"prompt_token_ids": [...]}``); raise RowRejected."""
     if body.get("dimensions") is not None:
-        raise RowRejected("'dimensions' is not supported by vLLMGenerateOperator; drop it.")
+        raise RowRejected("'dimensions' is not supported by VLLMGenerateOperator; drop it.")
     value = body.get("input")
     if isinstance(value, str) or (isinstance(value, list) and value and all(isinstance(v, int) for v in value)):
         value = [value]
@@ -153,13 +182,16 @@ def prompt_too_long(engine: VLLMEngine, prompt: Any) -> RowRejected | None:
     """
     if engine.count_prompt is None or engine.max_model_len is None:
         return None
+    generating = engine.runner == "generate"
+    bound = engine.bound_prompt(prompt) if engine.bound_prompt is not None else None
+    if bound is not None and 0 < bound < engine.max_model_len + (0 if generating else 1):
+        return None  # fits for sure: no template rendering or tokenizing here (vLLM does both again)
     tokens = engine.count_prompt(prompt)
     if tokens is None:
         return None
     limit = engine.max_model_len
     if tokens == 0:
         return RowRejected("the prompt is empty (0 tokens); vLLM refuses empty prompts.")
-    generating = engine.runner == "generate"
     if tokens > limit or (generating and tokens == limit):
         room = " and leave room for at least one output token" if generating else ""
         return RowRejected(

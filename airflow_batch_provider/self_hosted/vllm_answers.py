@@ -7,7 +7,7 @@
 One bad row never sinks the chunk:
 
 - rows whose parameters vLLM refuses, or whose prompt does not fit ``max_model_len``, are answered
-  with a final error (400) and left out of the call (:mod:`~airflow_batch_provider.hooks.vllm_requests`);
+  with a final error (400) and left out of the call (:mod:`~airflow_batch_provider.self_hosted.vllm_requests`);
 - when the engine call still raises (a check vLLM makes that this package does not), the rows are
   split in halves and sent again until the offending rows are alone (:func:`isolate`); each one
   becomes an error line, final (400) for a request error, retryable (500) otherwise;
@@ -22,17 +22,19 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from airflow_batch_provider.exceptions import BatchProviderError
-from airflow_batch_provider.hooks.local_results import chat_completion_body, embedding_body
 from airflow_batch_provider.hooks.vllm_engine import VLLMEngine
-from airflow_batch_provider.hooks.vllm_requests import (
+from airflow_batch_provider.self_hosted.output_lines import chat_completion_body, embedding_body, text_completion_body
+from airflow_batch_provider.self_hosted.vllm_requests import (
     RowRejected,
     build_sampling_params,
+    completion_prompt,
     embedding_inputs,
     prompt_too_long,
 )
 
-# Rows that failed alone, with no engine call succeeding before them: past this many the engine,
-# not the rows, is at fault, and the task fails (Airflow retries it) instead of erroring every row.
+# Rows that failed alone with an engine (not a request) error, with no engine call succeeding before
+# them: past this many the engine, not the rows, is at fault, and the task fails (Airflow retries it)
+# instead of erroring every row.
 MAX_FAILURES_BEFORE_ANY_SUCCESS = 8
 
 T = TypeVar("T")
@@ -63,13 +65,20 @@ def rejected(index: int, exc: RowRejected) -> Answer:
 
 
 class _Tally:
-    """Count isolated failures; raise when they say the engine, not the rows, is broken."""
+    """Count isolated engine failures; raise when they say the engine, not the rows, is broken.
 
-    def __init__(self) -> None:
+    A request error (``client_errors``: vLLM's validation of that one row) says nothing about the
+    engine, so it is not counted: eight bad rows at the front of a healthy chunk stay eight 400 lines.
+    """
+
+    def __init__(self, client_errors: tuple[type[BaseException], ...] = ()) -> None:
+        self.client_errors = client_errors
         self.succeeded = False
         self.failures = 0
 
     def failed(self, exc: BaseException) -> None:
+        if isinstance(exc, self.client_errors):
+            return
         self.failures += 1
         if not self.succeeded and self.failures >= MAX_FAILURES_BEFORE_ANY_SUCCESS:
             raise BatchProviderError(
@@ -84,14 +93,16 @@ def isolate(
     call: Callable[[Sequence[T]], Sequence[Any]],
     *,
     fatal: tuple[type[BaseException], ...] = (),
+    client_errors: tuple[type[BaseException], ...] = (),
 ) -> Iterator[tuple[T, Any | Exception]]:
     """Yield ``(item, output)`` for every item, calling ``call`` once when it can; bisect when it raises.
 
     A call that raises is retried on each half, down to single items; a single item whose call
     raises is yielded with the exception instead of an output. ``fatal`` exceptions (the engine is
-    dead) propagate at once, as does an engine that fails on every row it is given.
+    dead) propagate at once, as does an engine that fails (other than with ``client_errors``, a bad
+    request) on every row it is given.
     """
-    yield from _bisect(list(items), call, fatal, _Tally())
+    yield from _bisect(list(items), call, fatal, _Tally(client_errors))
 
 
 def _bisect(
@@ -150,27 +161,34 @@ def reported_failure(index: int, error: Any, finish_reason: str | None) -> Answe
     return None
 
 
-# ------------------------------------------------------------------------------------ chat
+# ------------------------------------------------------------------------------------ chat and completions
 
 
 @dataclass
 class _ChatRow:
     index: int
-    messages: list[Any]
+    messages: Any  # a chat's message list, or a completion's prompt
     params: Any
     structured: bool
 
 
+def _prompt(body: Mapping[str, Any], completions: bool) -> Any:
+    if completions:
+        return completion_prompt(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RowRejected("'messages' must be a non-empty array.")
+    return messages
+
+
 def _prepare_chat(
-    engine: VLLMEngine, requests: Sequence[tuple[int, Mapping[str, Any]]], ignored: set[str]
+    engine: VLLMEngine, requests: Sequence[tuple[int, Mapping[str, Any]]], ignored: set[str], completions: bool
 ) -> tuple[list[_ChatRow], list[Answer]]:
     rows: list[_ChatRow] = []
     refused: list[Answer] = []
     for index, body in requests:
-        messages = body.get("messages")
         try:
-            if not isinstance(messages, list) or not messages:
-                raise RowRejected("'messages' must be a non-empty array.")
+            messages = _prompt(body, completions)
             params, skipped = build_sampling_params(engine, body)
             too_long = prompt_too_long(engine, messages)
             if too_long is not None:
@@ -190,28 +208,35 @@ def run_chat(
     model: str,
     request_ids: Sequence[str],
     on_ignored: Callable[[list[str]], None] | None = None,
+    completions: bool = False,
 ) -> Iterator[Answer]:
     """Answer ``(index, chat body)`` pairs with one ``llm.chat`` call; yield an :class:`Answer` per pair.
 
+    With ``completions`` the bodies are ``/v1/completions`` requests, answered with one ``llm.generate``.
     ``request_ids[index]`` becomes the completion id of the request at ``index``.
     """
     ignored: set[str] = set()
-    rows, refused = _prepare_chat(engine, requests, ignored)
+    rows, refused = _prepare_chat(engine, requests, ignored, completions)
     yield from refused
     if ignored and on_ignored is not None:
         on_ignored(sorted(ignored))
 
     def call(batch: Sequence[_ChatRow]) -> Sequence[Any]:
-        return engine.llm.chat([r.messages for r in batch], sampling_params=[r.params for r in batch], use_tqdm=False)
+        prompts, params = [r.messages for r in batch], [r.params for r in batch]
+        if completions:
+            return engine.llm.generate(prompts, sampling_params=params, use_tqdm=False)
+        return engine.llm.chat(prompts, sampling_params=params, use_tqdm=False)
 
-    for row, output in isolate(rows, call, fatal=engine.classes.fatal_errors):
+    for row, output in isolate(
+        rows, call, fatal=engine.classes.fatal_errors, client_errors=engine.classes.client_errors
+    ):
         if isinstance(output, Exception):
             yield engine_failure(engine, row.index, output)
         else:
-            yield _chat_answer(row, output, model=model, completion_id=request_ids[row.index])
+            yield _chat_answer(row, output, model=model, completion_id=request_ids[row.index], completions=completions)
 
 
-def _chat_answer(row: _ChatRow, output: Any, *, model: str, completion_id: str) -> Answer:
+def _chat_answer(row: _ChatRow, output: Any, *, model: str, completion_id: str, completions: bool) -> Answer:
     index = row.index
     completion = output.outputs[0] if output.outputs else None
     finish = completion.finish_reason if completion is not None else None
@@ -233,7 +258,8 @@ def _chat_answer(row: _ChatRow, output: Any, *, model: str, completion_id: str) 
         return Answer(index, error="vLLM returned no completion for this request", status_code=500, code="server_error")
     prompt_tokens = len(output.prompt_token_ids or ())
     completion_tokens = len(completion.token_ids or ())
-    body = chat_completion_body(
+    make_body = text_completion_body if completions else chat_completion_body
+    body = make_body(
         completion_id=completion_id,
         model=model,
         text=completion.text,
@@ -276,7 +302,9 @@ def run_embed(engine: VLLMEngine, requests: Sequence[tuple[int, Mapping[str, Any
 
     results: dict[int, list[Any]] = {}
     failures: dict[int, Answer] = {}
-    for (index, _), output in isolate(prompts, call, fatal=engine.classes.fatal_errors):
+    for (index, _), output in isolate(
+        prompts, call, fatal=engine.classes.fatal_errors, client_errors=engine.classes.client_errors
+    ):
         if index in failures:
             continue
         failure = _embedding_failure(engine, index, output)
