@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream demo-stream redis browser-deps
+.PHONY: venv demo demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes bench-stream chaos-stream demo-stream redis browser-deps
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,13 @@ redis:
 # backpressure, group fill rate; Redis on 127.0.0.1:6379, the emulator and the stream worker as processes.
 bench-stream: venv redis
 	$(PY) -m benchmarks.stream
+
+# The stream worker under failure (docs/streaming.md): per backend (redis, sqs), CHAOS_N messages, repeated worker
+# SIGKILLs (also between "rows written" and "ack"), a poison that kills its worker, one that always gets HTTP 500, and
+# an oversized message. One line per backend: chaos: backend=… accepted=… rows=… distinct=… missing=… model_requests=…
+CHAOS_N ?= 3000
+chaos-stream: venv redis
+	$(PY) -m benchmarks.chaos_stream --requests $(CHAOS_N)
 
 # Push N requests through a queue (STREAM_BACKEND=redis|sqs) and the stream_intake DAG; ends with `output:` and `stream:`.
 STREAM_BACKEND ?= redis
