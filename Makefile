@@ -82,7 +82,7 @@ bench-stream: venv redis
 # The stream worker under failure (docs/streaming.md): per backend (redis, sqs), CHAOS_N messages, repeated worker
 # SIGKILLs (also between "rows written" and "ack"), a poison that kills its worker, one that always gets HTTP 500, and
 # an oversized message. One line per backend: chaos: backend=… accepted=… rows=… distinct=… missing=… model_requests=…
-CHAOS_N ?= 3000
+CHAOS_N ?= 1000
 chaos-stream: venv redis
 	$(PY) -m benchmarks.chaos_stream --requests $(CHAOS_N)
 

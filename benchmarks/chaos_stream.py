@@ -36,8 +36,8 @@ from benchmarks.stream_stub import CRASH_MARKER, FAIL_MARKER, StubServer
 from benchmarks.stream_supervisor import Workers, rows
 
 WORKER_ARGS = (
-    "--max-items", "64", "--max-wait", "0.5", "--claim-seconds", "3", "--max-attempts", "3",
-    "--alone-attempts", "1", "--max-concurrency", "8",
+    "--max-items", "32", "--max-wait", "0.5", "--claim-seconds", "2", "--max-attempts", "3",
+    "--alone-attempts", "1", "--max-concurrency", "4", "--flush-every", "4",
 )  # fmt: skip
 
 
@@ -91,8 +91,8 @@ def run_backend(backend: str, count: int, work: Path, timeout: float) -> dict[st
             running.append(workers)
             good = produce(queue, count)
             started = time.monotonic()
-            workers.keep_alive("benchmarks.stream_chaos_worker", CHAOS_KILL_AFTER_WRITE="0.03")
-            chaos = threading.Thread(target=killer, args=(workers, stub, stop, (2.0, 5.0)), daemon=True)
+            workers.keep_alive("benchmarks.stream_chaos_worker", CHAOS_KILL_AFTER_WRITE="0.01")
+            chaos = threading.Thread(target=killer, args=(workers, stub, stop, (10.0, 20.0)), daemon=True)
             chaos.start()
             deadline = started + timeout
             while time.monotonic() < deadline and queue.stats().depth > 0:
@@ -105,6 +105,8 @@ def run_backend(backend: str, count: int, work: Path, timeout: float) -> dict[st
             return summarise(backend, good, rows(db), stub, dead, workers.starts - 1, seconds, queue)
     finally:
         stop.set()
+        for workers in running:
+            workers.close()
         queue.delete()
         queue.close()
         for service in services:
@@ -158,9 +160,9 @@ def summarise(
 def main(argv: list[str] | None = None) -> int:
     """Run every backend; print one ``chaos:`` line each; return 1 if a target was missed."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=3000, help="good messages per backend")
+    parser.add_argument("--requests", type=int, default=1000, help="good messages per backend")
     parser.add_argument("--backends", default="redis,sqs")
-    parser.add_argument("--timeout", type=float, default=240.0, help="seconds per backend before giving up")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per backend before giving up")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, output DBs)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="abp-chaos-"))

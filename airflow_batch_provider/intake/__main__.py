@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-attempts", type=int, default=5, help="retryable failures before dead-lettering")
     parser.add_argument("--alone-attempts", type=int, default=2, help="crashes alone before dead-lettering")
     parser.add_argument("--max-concurrency", type=int, default=16)
+    parser.add_argument(
+        "--flush-every", type=int, default=16, help="rows per write while a group is answered (a crash re-pays fewer)"
+    )
     return parser
 
 
@@ -64,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     handler = ServerGroupHandler(args.server_conn, spec, priority=args.priority, max_concurrency=args.max_concurrency)
     aggregator = Aggregator(queue, policy, attempts_from_queue=False)  # the worker counts tries itself
-    worker = StreamWorker(aggregator, handler, SqlUpsertSink(args.sink_conn, args.table))
+    sink = SqlUpsertSink(args.sink_conn, args.table)
+    worker = StreamWorker(aggregator, handler, sink, flush_every=args.flush_every)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         worker.stop.set()
