@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,16 @@ WORKER_ARGS = (
 
 
 def produce(queue: BatchQueue, count: int) -> set[str]:
-    """Enqueue ``count`` good requests with the two poisons among them, and the oversized one raw."""
+    """Enqueue ``count`` good requests with the two poisons among them (8 senders), and the oversized one raw."""
     producer = BatchQueueProducer(queue, max_depth=10 * count + 100)
+    prompts = {f"c{i:06d}": f"question {i}: what is {i} + {i}?" for i in range(count)}
+    items = list(prompts.items())
     good: set[str] = set()
-    for i in range(count):
-        if i == count // 3:
-            producer.submit(f"{CRASH_MARKER}: this prompt kills its worker", request_id="poison-crash")
-        if i == count // 2:
-            producer.submit(f"{FAIL_MARKER}: this prompt always gets HTTP 500", request_id="poison-fail")
-        good.add(producer.submit(f"question {i}: what is {i} + {i}?", request_id=f"c{i:06d}"))
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        good.update(pool.map(lambda item: producer.submit(item[1], request_id=item[0]), items[: count // 2]))
+        producer.submit(f"{CRASH_MARKER}: this prompt kills its worker", request_id="poison-crash")
+        producer.submit(f"{FAIL_MARKER}: this prompt always gets HTTP 500", request_id="poison-fail")
+        good.update(pool.map(lambda item: producer.submit(item[1], request_id=item[0]), items[count // 2 :]))
     queue.send(orjson.dumps({"request_id": "poison-big", "prompt": "x" * (MAX_MESSAGE_BYTES + 44_000)}))
     return good
 
