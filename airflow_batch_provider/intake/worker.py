@@ -131,7 +131,10 @@ class StreamWorker:
         for request in todo:
             by_crashes.setdefault(tries.get(request.request_id, Tries()).crashes, []).append(request)
         for crashes in sorted(by_crashes):
-            members, size = by_crashes[crashes], part_size(self.policy.max_items, crashes)
+            size = part_size(self.policy.max_items, crashes)
+            if crashes:  # all of a suspect part in flight at once: a crash then blames only what was sent
+                size = min(size, self.handler.max_concurrency)
+            members = by_crashes[crashes]
             for start in range(0, len(members), size):
                 yield crashes, members[start : start + size]
 
@@ -161,8 +164,8 @@ class StreamWorker:
     def _answer_part(self, group: Group, index: int, requests: list[IntakeRequest], crashes: int) -> None:
         """Send one part, writing rows as they land; acknowledge it; release what failed retryably.
 
-        A part that crashed before is sent one request at a time, each row written at once: the
-        next crash then costs only the request that caused it.
+        A part that crashed before is sent all at once (it is at most ``max_concurrency``), each
+        row written as it lands: the next crash costs only what was in flight, and blames only that.
         """
         ids = [r.request_id for r in requests]
         part = Group(f"{group.group_id}-{index}", requests, [], group.first_enqueued_at, group.flushed_at)
@@ -170,7 +173,7 @@ class StreamWorker:
         suspect = crashes > 0
         answer = self.handler(
             part,
-            max_concurrency=1 if suspect else None,
+            max_concurrency=len(requests) if suspect else None,
             flush=self._write,
             flush_every=1 if suspect else self.flush_every,
         )
