@@ -7,7 +7,8 @@ Both live in the output database (the sink's connection), so any worker on any h
   "rows written" and "ack" costs an ack, not a second bill.
 - **tries** (table ``<output>_tries``): per request id, how often a group holding it was sent
   to the model (``tries``) and how often it came back with a retryable error (``failures``,
-  with the last one). ``tries - failures`` is the number of crashes it was part of: that,
+  with the last one), and the crashes while it was sent alone (``alone``). ``tries - failures`` is
+  the number of crashes it was part of: that,
   not the queue's delivery count (which SQS raises for lapsed claims and re-reads too), decides
   how small its next group is and when it is dead-lettered (:mod:`.worker`). A row is removed
   once its request is acknowledged.
@@ -36,6 +37,7 @@ class Tries:
     tries: int = 0
     failures: int = 0
     last_error: str | None = None
+    alone: int = 0  # sends alone (a part of one) that ended in neither a written result nor a known failure
 
     @property
     def crashes(self) -> int:
@@ -59,6 +61,7 @@ class WorkLedger:
             sa.Column("request_id", sa.String(64), primary_key=True),
             sa.Column("tries", sa.Integer, nullable=False),
             sa.Column("failures", sa.Integer, nullable=False),
+            sa.Column("alone", sa.Integer, nullable=False),
             sa.Column("last_error", sa.Text),
             sa.Column("updated_at", sa.Float, nullable=False),
             schema=self.sink.schema,
@@ -91,33 +94,28 @@ class WorkLedger:
             for start in range(0, len(ids), QUERY_BATCH):
                 query = sa.select(table).where(table.c.request_id.in_(ids[start : start + QUERY_BATCH]))
                 for row in conn.execute(query):
-                    out[row.request_id] = Tries(row.tries, row.failures, row.last_error)
+                    out[row.request_id] = Tries(row.tries, row.failures, row.last_error, row.alone)
         return out
 
-    def sending(self, request_ids: Collection[str]) -> None:
-        """Count one send for each id, committed before the first request leaves."""
-        self._bump(request_ids, {}, "tries")
+    def sending(self, request_ids: Collection[str], *, alone: bool = False) -> None:
+        """Count one send for each id (and one alone), committed before the first request leaves."""
+        self._bump(request_ids, {}, {"tries": 1, "alone": int(alone)})
 
-    def failed(self, errors: Mapping[str, str]) -> None:
-        """Count one retryable failure for each id, with its error."""
-        self._bump(errors, errors, "failures")
+    def failed(self, errors: Mapping[str, str], *, alone: bool = False) -> None:
+        """Count one retryable failure for each id, with its error (a known failure is no crash)."""
+        self._bump(errors, errors, {"failures": 1, "alone": -int(alone)})
 
-    def _bump(self, request_ids: Collection[str], errors: Mapping[str, str], column: str) -> None:
+    def _bump(self, request_ids: Collection[str], errors: Mapping[str, str], deltas: Mapping[str, int]) -> None:
         if not request_ids:
             return
         table, now = self.tries_table, time.time()
+        counts = {"tries": 0, "failures": 0, "alone": 0, **deltas}
         rows: list[dict[str, Any]] = [
-            {
-                "request_id": rid,
-                "tries": int(column == "tries"),
-                "failures": int(column == "failures"),
-                "last_error": errors.get(rid),
-                "updated_at": now,
-            }
-            for rid in request_ids
+            {"request_id": rid, **counts, "last_error": errors.get(rid), "updated_at": now} for rid in request_ids
         ]
         statement = _insert(self.sink.engine.dialect.name, table)
-        updates: dict[str, Any] = {column: table.c[column] + 1, "updated_at": statement.excluded.updated_at}
+        updates: dict[str, Any] = {name: table.c[name] + delta for name, delta in deltas.items() if delta}
+        updates["updated_at"] = statement.excluded.updated_at
         if errors:
             updates["last_error"] = statement.excluded.last_error
         with self.sink.engine.begin() as conn:

@@ -139,11 +139,10 @@ class StreamWorker:
                 yield crashes, members[start : start + size]
 
     def _hopeless(self, group: Group, request: IntakeRequest, tries: Tries) -> bool:
-        alone = tries.crashes - halvings(self.policy.max_items)
-        if alone >= self.policy.alone_attempts:
+        if tries.alone >= self.policy.alone_attempts:
             reason = (
                 f"request {request.request_id}: sent {tries.tries} times and its worker died each time without "
-                f"writing a result ({alone} of them alone in its group); it may crash its worker — inspect it, "
+                f"writing a result ({tries.alone} of them alone); it may crash its worker — inspect it, "
                 "then send it again"
             )
         elif tries.failures >= self.policy.max_attempts:
@@ -169,7 +168,8 @@ class StreamWorker:
         """
         ids = [r.request_id for r in requests]
         part = Group(f"{group.group_id}-{index}", requests, [], group.first_enqueued_at, group.flushed_at)
-        self.ledger.sending(ids)
+        alone = len(ids) == 1 and crashes > 0
+        self.ledger.sending(ids, alone=alone)
         suspect = crashes > 0
         answer = self.handler(
             part,
@@ -181,7 +181,7 @@ class StreamWorker:
         done = set(ids) - set(answer.retry)
         self._ack(group, done)
         if answer.retry:
-            self.ledger.failed(answer.retry)
+            self.ledger.failed(answer.retry, alone=alone)
             tries = self.ledger.read(answer.retry)
             for rid, error in answer.retry.items():
                 backoff = min(self.policy.claim_seconds, 2.0 ** tries[rid].failures)

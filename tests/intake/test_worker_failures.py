@@ -65,8 +65,8 @@ def test_a_poison_that_crashes_its_worker_is_halved_down_and_dead_lettered_alone
             "--max-items", "16", "--max-wait", "0.3", "--claim-seconds", "2", "--alone-attempts", "1", warm=True,
         )  # fmt: skip
         running.append(workers)
-        prompts = {f"g{i:02d}": f"good {i}" for i in range(15)}
-        prompts = {**dict(list(prompts.items())[:7]), "poison": f"{CRASH_MARKER} me", **dict(list(prompts.items())[7:])}
+        # First in the queue: at every halving a group-mate shares its part and its crash, yet is never blamed alone.
+        prompts = {"poison": f"{CRASH_MARKER} me", **{f"g{i:02d}": f"good {i}" for i in range(15)}}
         _submit(queue, prompts)
         workers.keep_alive("benchmarks.stream_chaos_worker")  # a warm spare takes over each crash at once
         try:
@@ -129,7 +129,7 @@ def test_a_written_result_is_acknowledged_never_dead_lettered(queue, in_process)
     record = {"custom_id": "a", "status": "succeeded", "request_fingerprint": worker.handler.fingerprint(written)}
     worker.sink.write_part(rows_table([record], "g-earlier"), 0)
     for _ in range(20):  # both look like poison by their crash count
-        worker.ledger.sending(["a", "b"])
+        worker.ledger.sending(["a", "b"], alone=True)
     group = worker.aggregator.collect()
     worker.process(group)
     assert in_process.requests == 1  # only c
