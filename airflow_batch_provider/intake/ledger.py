@@ -6,11 +6,11 @@ Both live in the output database (the sink's connection), so any worker on any h
   ``request_fingerprint`` (model, parameters and prompt) is not sent again; a crash between
   "rows written" and "ack" costs an ack, not a second bill.
 - **tries** (table ``<output>_tries``): per request id, how often a group holding it was sent
-  to the model (``tries``) and how often it came back with a retryable error (``failures``,
-  with the last one), and the crashes while it was sent alone (``alone``). ``tries - failures`` is
-  the number of crashes it was part of: that,
-  not the queue's delivery count (which SQS raises for lapsed claims and re-reads too), decides
-  how small its next group is and when it is dead-lettered (:mod:`.worker`). A row is removed
+  to the model (``tries``), how often it came back with a retryable error (``failures``, with
+  the last one), and how often its worker died while it was sent alone (``alone``).
+  ``tries - failures`` is the number of crashes it was part of: it sets the size of its next
+  group; ``alone`` and ``failures`` decide when it is dead-lettered (:mod:`.worker`) — never the
+  queue's delivery count, which SQS raises for lapsed claims and re-reads too. A row is removed
   once its request is acknowledged.
 """
 
