@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo ui demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes vllm-cpu bench-vllm bench-stream demo-stream redis browser-deps
+.PHONY: venv demo ui demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes vllm-cpu bench-vllm bench-stream chaos-stream demo-stream redis browser-deps
 
 # The emulator (emulator/, its own distribution) and the provider in one pip command: the provider's test
 # extra names airflow-batch-emulator, which no index serves. The rm: metadata an older checkout's install
@@ -94,6 +94,13 @@ redis:
 STREAM_ENGINE ?= emulator
 bench-stream: venv redis $(if $(filter vllm,$(STREAM_ENGINE)),vllm-cpu)
 	STREAM_ENGINE=$(STREAM_ENGINE) $(PY) -m benchmarks.stream
+
+# The stream worker under failure (docs/streaming.md): per backend (redis, sqs), CHAOS_N messages, repeated worker
+# SIGKILLs (also between "rows written" and "ack"), a poison that kills its worker, one that always gets HTTP 500, and
+# an oversized message. One line per backend: chaos: backend=… accepted=… rows=… distinct=… missing=… model_requests=…
+CHAOS_N ?= 1000
+chaos-stream: venv redis
+	$(PY) -m benchmarks.chaos_stream --requests $(CHAOS_N)
 
 # Push N requests through a queue (STREAM_BACKEND=redis|sqs) and the stream_intake DAG; ends with `output:` and `stream:`.
 STREAM_BACKEND ?= redis

@@ -38,9 +38,12 @@ class GroupPolicy:
     max_wait: float = 30.0
     claim_seconds: float = 600.0
     max_attempts: int = 5
+    #: stream worker: sends alone (after halving its group down to one) that a crashing message gets
+    alone_attempts: int = 2
 
     def __post_init__(self) -> None:
-        if self.max_items < 1 or self.max_wait < 0 or self.claim_seconds <= 0 or self.max_attempts < 1:
+        attempts = min(self.max_attempts, self.alone_attempts)
+        if self.max_items < 1 or self.max_wait < 0 or self.claim_seconds <= 0 or attempts < 1:
             raise ValueError(f"invalid group policy {self!r}: max_items, claim_seconds, max_attempts must be positive")
 
     def ready(self, stats: QueueStats, first_seen: float | None, idle_since: float, now: float) -> bool:
@@ -74,10 +77,13 @@ class Group:
     dead_lettered: int = 0
     redelivered: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the accepted deliveries (request id → its deliveries); kept in memory only, never in XCom
+    deliveries: dict[str, list[Delivery]] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Return an XCom-able dict."""
         data = asdict(self)
+        data.pop("deliveries")
         data["requests"] = [{"request_id": r.request_id, "prompt": r.prompt} for r in self.requests]
         return data
 
@@ -92,16 +98,26 @@ class Group:
 class Aggregator:
     """Claim groups from ``queue`` under ``policy`` and acknowledge them once written."""
 
-    def __init__(self, queue: BatchQueue, policy: GroupPolicy | None = None, metrics: IntakeMetrics | None = None):
+    def __init__(
+        self,
+        queue: BatchQueue,
+        policy: GroupPolicy | None = None,
+        metrics: IntakeMetrics | None = None,
+        *,
+        attempts_from_queue: bool = True,
+    ):
         self.queue = queue
         self.policy = policy or GroupPolicy()
         self.metrics = metrics or IntakeMetrics(queue=queue.name, backend=queue.backend)
+        # The stream worker counts tries itself (intake/ledger.py) and turns this off.
+        self.attempts_from_queue = attempts_from_queue
 
     def collect(self) -> Group | None:
         """Claim up to ``max_items`` messages; dead-letter the bad ones; return the group (None if empty)."""
         deliveries = self.queue.receive(self.policy.max_items, self.policy.claim_seconds)
         requests: dict[str, IntakeRequest] = {}
         receipts: list[str] = []
+        accepted: dict[str, list[Delivery]] = {}
         dead = redelivered = 0
         for delivery in deliveries:
             request = self._accept(delivery)
@@ -111,6 +127,7 @@ class Aggregator:
             redelivered += delivery.attempts > 1
             receipts.append(delivery.receipt)
             requests.setdefault(request.request_id, request)
+            accepted.setdefault(request.request_id, []).append(delivery)
         self.metrics.dead_lettered(dead)
         if not receipts:
             return None
@@ -125,12 +142,13 @@ class Aggregator:
             flushed_at=time.time(),
             dead_lettered=dead,
             redelivered=redelivered,
+            deliveries=accepted,
         )
         self._log_flush(group)
         return group
 
     def _accept(self, delivery: Delivery) -> IntakeRequest | None:
-        if delivery.attempts > self.policy.max_attempts:
+        if self.attempts_from_queue and delivery.attempts > self.policy.max_attempts:
             reason = (
                 f"delivered {delivery.attempts} times without its result being written (max_attempts="
                 f"{self.policy.max_attempts}); it may crash its worker — inspect it, then send it again"

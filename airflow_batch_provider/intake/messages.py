@@ -51,7 +51,19 @@ class IntakeRequest:
 
     @classmethod
     def decode(cls, body: bytes | str, message_id: str | None = None) -> IntakeRequest:
-        """Parse a message body; raise ``MalformedMessageError`` saying what is wrong."""
+        """Parse a message body; raise ``MalformedMessageError`` saying what is wrong.
+
+        The size cap is checked here too, not only by the producers: anything that can write to
+        the queue (``XADD``, ``SendMessage``) bypasses them, and an oversized prompt must not
+        reach the model.
+        """
+        size = len(body.encode("utf-8") if isinstance(body, str) else body)
+        if size > MAX_MESSAGE_BYTES:
+            raise MalformedMessageError(
+                f"the message is {size:,} bytes, over the {MAX_MESSAGE_BYTES:,}-byte cap; it was not sent to the "
+                "model: shorten the prompt or send it through a table instead",
+                message_id,
+            )
         try:
             data: Any = orjson.loads(body)
         except orjson.JSONDecodeError as exc:

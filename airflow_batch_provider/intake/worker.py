@@ -3,11 +3,19 @@
 The DAG in ``dags/stream_intake.py`` is the Airflow-native way to run the aggregator; this loop
 is the same steps in one long-lived process (``python -m airflow_batch_provider.intake``), for a
 deployment that wants sub-second flushes without a DAG run per group, and for the load test.
-Each step is the same code the DAG's tasks call: :class:`~.aggregator.Aggregator` to claim,
-:class:`ServerGroupHandler` (the self-hosted server path, at batch priority) to answer,
-:class:`~airflow_batch_provider.sinks.sql.SqlUpsertSink` keyed by request id to write, then ack.
-A crash anywhere before the ack leaves the claim to expire: the group is delivered again and
-its rows rewritten under the same keys, so the output holds each request id once.
+A crash anywhere before the ack leaves the claim to expire: the group is delivered again, and
+what happens then is decided per request from what is written and remembered (:mod:`.ledger`):
+
+1. answered already (a ``succeeded`` row, same fingerprint): acknowledged, not sent again;
+2. failed retryably ``max_attempts`` times, or crashed its group ``alone_attempts`` times while
+   alone: dead-lettered with the reason;
+3. otherwise sent again — requests that were in a crashed group go in smaller groups (halved
+   per crash: 64 → 32 → … → 1), so a message that kills its worker ends up alone and only it
+   reaches the dead-letter queue, while its group-mates are answered on the way.
+
+Each part is acknowledged as soon as its rows are written; claims are renewed (a heartbeat)
+while the group is in flight; a request that keeps failing retryably is released to the queue
+with a back-off instead of holding its group. The output holds each request id once.
 """
 
 from __future__ import annotations
@@ -15,101 +23,64 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pyarrow as pa
 
-from airflow_batch_provider.chunking.requests import renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec
-from airflow_batch_provider.hooks.openai_compatible import OpenAICompatibleHook, ServerRequest
-from airflow_batch_provider.intake.aggregator import Aggregator, Group, ReadinessTracker
-from airflow_batch_provider.results.parse import parse_openai_line
+from airflow_batch_provider.intake.aggregator import Aggregator, Group, GroupPolicy, ReadinessTracker
+from airflow_batch_provider.intake.handler import BATCH_PRIORITY, ServerGroupHandler
+from airflow_batch_provider.intake.ledger import Tries, WorkLedger
+from airflow_batch_provider.intake.messages import IntakeRequest
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
+
+__all__ = ["BATCH_PRIORITY", "ServerGroupHandler", "StreamWorker", "halvings", "part_size"]
 
 log = logging.getLogger(__name__)
 
-#: vLLM's ``--scheduling-policy priority``: lower values are served first; real-time traffic sends
-#: none (0), so batch groups go behind it.
-BATCH_PRIORITY = 10
-OUTPUT_COLUMNS = ("custom_id", "status", "response", "error", "input_tokens", "output_tokens", "group_id")
-
-GroupHandler = Callable[[Group], pa.Table]
+#: rows per write while a part is answered: a crash mid-part pays again for at most this many
+#: answers (plus those in flight) instead of the whole part.
+FLUSH_EVERY = 16
 
 
-@dataclass
-class ServerGroupHandler:
-    """Answer a group through an OpenAI-compatible server; return one output row per request id.
-
-    Requests carry ``priority`` (vLLM's request field under ``--scheduling-policy priority``;
-    lower is served first) so that real-time traffic on the same server never waits behind them.
-    """
-
-    conn_id: str
-    spec: RequestSpec
-    priority: int | None = BATCH_PRIORITY
-    max_concurrency: int = 16
-
-    @cached_property
-    def hook(self) -> OpenAICompatibleHook:
-        """The server's hook, built once per handler."""
-        return OpenAICompatibleHook(self.conn_id)
-
-    def __call__(self, group: Group) -> pa.Table:
-        """Send the group's requests; return the rows (``custom_id`` = request id)."""
-        renderer = renderer_for(self.spec)
-        requests = []
-        for index, request in enumerate(group.requests):
-            line = renderer.request_dict(request.request_id, request.prompt)
-            body = dict(line["body"])
-            if self.priority is not None:
-                body["priority"] = self.priority
-            requests.append(ServerRequest(index, request.request_id, line["url"], body, f"{group.group_id}-{index}"))
-        lines: list[bytes] = []
-        run = self.hook.run(
-            requests, fingerprint=group.group_id, write=lines.append, max_concurrency=self.max_concurrency
-        )
-        group.extra["tokens"] = run.input_tokens + run.output_tokens
-        group.extra["generate_seconds"] = run.seconds
-        return rows_table([parse_openai_line(line) for line in lines], group.group_id)
+def part_size(max_items: int, crashes: int) -> int:
+    """Group size for requests that were in ``crashes`` crashed groups: halved per crash, at least 1."""
+    return max(1, max_items >> crashes)
 
 
-def rows_table(records: list[Any], group_id: str) -> pa.Table:
-    """Return the output rows of one group as an Arrow table keyed by ``custom_id``."""
-    columns: dict[str, list[Any]] = {name: [] for name in OUTPUT_COLUMNS}
-    for record in records:
-        for name in OUTPUT_COLUMNS[:-1]:
-            value = record.get(name)
-            columns[name].append(value if name != "response" or value is None else str(value))
-        columns["group_id"].append(group_id)
-    schema = pa.schema(
-        [
-            ("custom_id", pa.string()),
-            ("status", pa.string()),
-            ("response", pa.string()),
-            ("error", pa.string()),
-            ("input_tokens", pa.int64()),
-            ("output_tokens", pa.int64()),
-            ("group_id", pa.string()),
-        ]
-    )
-    return pa.table(columns, schema=schema)
+def halvings(max_items: int) -> int:
+    """Crashes after which a request is sent alone (``part_size`` reaches 1)."""
+    return (max_items - 1).bit_length()
 
 
 class StreamWorker:
-    """Run the aggregator loop: ready → collect → answer → write (upsert) → ack."""
+    """Run the aggregator loop: ready → collect → skip answered → answer in parts → write → ack."""
 
     def __init__(
-        self, aggregator: Aggregator, handler: GroupHandler, sink: SqlUpsertSink, *, poll_interval: float = 0.2
+        self,
+        aggregator: Aggregator,
+        handler: ServerGroupHandler,
+        sink: SqlUpsertSink,
+        *,
+        poll_interval: float = 0.2,
+        flush_every: int = FLUSH_EVERY,
     ) -> None:
         self.aggregator = aggregator
         self.handler = handler
         self.sink = sink
+        self.ledger = WorkLedger(sink)
         self.poll_interval = poll_interval
+        self.flush_every = flush_every
         self.stop = threading.Event()
         self.groups: list[Group] = []
+        self._parts = 0
+        self._held_lock = threading.Lock()
+        self._held: set[str] = set()  # receipts the heartbeat renews
+
+    @property
+    def policy(self) -> GroupPolicy:
+        """The aggregator's group policy."""
+        return self.aggregator.policy
 
     def wait_ready(self) -> bool:
         """Poll the queue until a group is ready; False when stopped first."""
@@ -129,12 +100,136 @@ class StreamWorker:
         group = self.aggregator.collect()
         if group is None:
             return None
-        table = self.handler(group)
-        self.sink.write_part(table, len(self.groups))
-        self.aggregator.complete(group)
-        self._log_throughput(group)
-        self.groups.append(group)
+        self.handle(group)
         return group
+
+    def handle(self, group: Group) -> None:
+        """Process a collected group, renewing its claims meanwhile."""
+        with self._heartbeat(group):
+            self.process(group)
+        self.groups.append(group)
+
+    def process(self, group: Group) -> None:
+        """Skip what is answered, dead-letter what is hopeless, answer the rest part by part."""
+        fingerprints = {r.request_id: self.handler.fingerprint(r) for r in group.requests}
+        answered = self.ledger.answered(fingerprints)
+        if answered:
+            log.info("group %s: %d request(s) already answered; acknowledged, not sent", group.group_id, len(answered))
+            self._ack(group, answered)
+        todo = [r for r in group.requests if r.request_id not in answered]
+        tries = self.ledger.read([r.request_id for r in todo])
+        todo = [r for r in todo if not self._hopeless(group, r, tries.get(r.request_id, Tries()))]
+        for index, (crashes, part) in enumerate(self._parts_of(todo, tries)):
+            if self.stop.is_set() and index:
+                return  # SIGTERM: the rest stays claimed and comes back to whoever runs next
+            self._answer_part(group, index, part, crashes)
+
+    def _parts_of(
+        self, todo: list[IntakeRequest], tries: dict[str, Tries]
+    ) -> Iterator[tuple[int, list[IntakeRequest]]]:
+        by_crashes: dict[int, list[IntakeRequest]] = {}
+        for request in todo:
+            by_crashes.setdefault(tries.get(request.request_id, Tries()).crashes, []).append(request)
+        for crashes in sorted(by_crashes):
+            size = part_size(self.policy.max_items, crashes)
+            if crashes:  # all of a suspect part in flight at once: a crash then blames only what was sent
+                size = min(size, self.handler.max_concurrency)
+            members = by_crashes[crashes]
+            for start in range(0, len(members), size):
+                yield crashes, members[start : start + size]
+
+    def _hopeless(self, group: Group, request: IntakeRequest, tries: Tries) -> bool:
+        if tries.alone >= self.policy.alone_attempts:
+            reason = (
+                f"request {request.request_id}: sent {tries.tries} times and its worker died each time without "
+                f"writing a result ({tries.alone} of them alone); it may crash its worker — inspect it, "
+                "then send it again"
+            )
+        elif tries.failures >= self.policy.max_attempts:
+            reason = (
+                f"request {request.request_id}: failed {tries.failures} times with a retryable error "
+                f"(last: {tries.last_error}); send it again once the server is healthy"
+            )
+        else:
+            return False
+        for delivery in group.deliveries.get(request.request_id, []):
+            self._unhold([delivery.receipt])
+            self.aggregator.queue.dead_letter(delivery, reason)
+        log.warning("group %s: dead-lettered: %s", group.group_id, reason)
+        self.aggregator.metrics.dead_lettered(1)
+        self.ledger.forget([request.request_id])
+        return True
+
+    def _answer_part(self, group: Group, index: int, requests: list[IntakeRequest], crashes: int) -> None:
+        """Send one part, writing rows as they land; acknowledge it; release what failed retryably.
+
+        A part that crashed before is sent all at once (it is at most ``max_concurrency``), each
+        row written as it lands: the next crash costs only what was in flight, and blames only that.
+        """
+        ids = [r.request_id for r in requests]
+        part = Group(f"{group.group_id}-{index}", requests, [], group.first_enqueued_at, group.flushed_at)
+        alone = len(ids) == 1 and crashes > 0
+        self.ledger.sending(ids, alone=alone)
+        suspect = crashes > 0
+        answer = self.handler(
+            part,
+            max_concurrency=len(requests) if suspect else None,
+            flush=self._write,
+            flush_every=1 if suspect else self.flush_every,
+        )
+        self._write(answer.table)
+        done = set(ids) - set(answer.retry)
+        self._ack(group, done)
+        if answer.retry:
+            self.ledger.failed(answer.retry, alone=alone)
+            tries = self.ledger.read(answer.retry)
+            for rid, error in answer.retry.items():
+                backoff = min(self.policy.claim_seconds, 2.0 ** tries[rid].failures)
+                receipts = [d.receipt for d in group.deliveries.get(rid, [])]
+                self._unhold(receipts)
+                self.aggregator.queue.release(receipts, backoff, self.policy.claim_seconds)
+                log.warning("request %s: %s; released to the queue, back in %.0f s", rid, error, backoff)
+        self._log_throughput(part)
+
+    def _write(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self.sink.write_part(table, self._parts)
+            self._parts += 1
+
+    def _ack(self, group: Group, request_ids: set[str]) -> None:
+        receipts = [d.receipt for rid in request_ids for d in group.deliveries.get(rid, [])]
+        self._unhold(receipts)
+        self.aggregator.queue.ack(receipts)
+        self.ledger.forget(request_ids)
+
+    def _unhold(self, receipts: list[str]) -> None:
+        with self._held_lock:
+            self._held.difference_update(receipts)
+
+    @contextmanager
+    def _heartbeat(self, group: Group) -> Iterator[None]:
+        """Renew the group's claims every third of ``claim_seconds`` until it is done."""
+        with self._held_lock:
+            self._held = {d.receipt for ds in group.deliveries.values() for d in ds}
+        done = threading.Event()
+        interval = self.policy.claim_seconds / 3
+
+        def beat() -> None:
+            while not done.wait(interval):
+                with self._held_lock:
+                    held = sorted(self._held)
+                try:
+                    self.aggregator.queue.extend(held, self.policy.claim_seconds)
+                except Exception:  # a missed beat only risks a redelivery, which is idempotent
+                    log.warning("group %s: could not renew its claims", group.group_id, exc_info=True)
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{group.group_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def _log_throughput(self, group: Group) -> None:
         tokens, seconds = group.extra.get("tokens"), group.extra.get("generate_seconds")

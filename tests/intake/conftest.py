@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -35,9 +36,10 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
     for _attempt in range(3):
         port = free_port()
         moto = str(Path(sys.executable).parent / "moto_server")
-        proc = subprocess.Popen(
-            [moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        # Its request log goes to a file: a pipe nobody reads fills up (64 KB) and then blocks moto.
+        log = open(os.path.join(tempfile.gettempdir(), f"abp-moto-{port}.log"), "wb")  # noqa: SIM115 - the child's
+        proc = subprocess.Popen([moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=log)
+        log.close()
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and proc.poll() is None:
@@ -48,7 +50,7 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
                 time.sleep(0.1)
         proc.kill()
         proc.wait()
-    raise RuntimeError("moto_server did not start on 127.0.0.1 (see its stderr)")
+    raise RuntimeError(f"moto_server did not start on 127.0.0.1 (see {tempfile.gettempdir()}/abp-moto-*.log)")
 
 
 @pytest.fixture(scope="session")

@@ -85,6 +85,14 @@ class BatchQueue(ABC):
         """Acknowledge (delete) claimed messages; their results are durably written."""
 
     @abstractmethod
+    def extend(self, receipts: Sequence[str], claim_seconds: float) -> None:
+        """Renew claims still being worked on (a heartbeat), so they do not lapse mid-group."""
+
+    @abstractmethod
+    def release(self, receipts: Sequence[str], after_seconds: float, claim_seconds: float) -> None:
+        """Give claimed messages back unanswered: deliverable again after ``after_seconds``, not acknowledged."""
+
+    @abstractmethod
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Move a message that can never succeed to the dead-letter destination, with the reason, and ack it."""
 

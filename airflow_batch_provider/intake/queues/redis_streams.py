@@ -9,14 +9,19 @@ Entry ids are ``<ms>-<seq>``, so the oldest waiting message's age is exact.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
 from airflow_batch_provider.intake.queues.base import BatchQueue, Delivery, QueueStats
 
+log = logging.getLogger(__name__)
+
 GROUP = "aggregator"
+PRUNE_EVERY_S = 60.0
 
 
 class RedisStreamQueue(BatchQueue):
@@ -31,6 +36,7 @@ class RedisStreamQueue(BatchQueue):
         # pending entries are reclaimed by XAUTOCLAIM once idle long enough.
         self.consumer = consumer or f"{os.uname().nodename}-{os.getpid()}"
         self.dead_name = f"{name}:dead"
+        self._pruned_at = -float("inf")
 
     @cached_property
     def client(self) -> Any:
@@ -67,6 +73,7 @@ class RedisStreamQueue(BatchQueue):
 
     def receive(self, max_items: int, claim_seconds: float) -> list[Delivery]:
         """Reclaim entries idle longer than ``claim_seconds``, then read new ones, up to ``max_items``."""
+        self._prune_consumers(claim_seconds)  # before reclaiming: a holder's entries must move first
         _next, claimed, deleted = self.client.xautoclaim(
             self.name, GROUP, self.consumer, min_idle_time=int(claim_seconds * 1000), start_id="0-0", count=max_items
         )
@@ -87,6 +94,35 @@ class RedisStreamQueue(BatchQueue):
         details = self.client.xpending_range(self.name, GROUP, min=ids[0], max=ids[-1], count=len(ids) * 4)
         times = {_text(d["message_id"]): int(d["times_delivered"]) for d in details}
         return [_delivery(entry_id, fields, times.get(_text(entry_id), 2)) for entry_id, fields in entries]
+
+    def _prune_consumers(self, claim_seconds: float) -> None:
+        """Remove consumers that hold nothing and were idle longer than a claim (dead workers' names).
+
+        Every worker process is a new consumer (``<host>-<pid>``); XAUTOCLAIM moves a dead one's
+        entries away but leaves its name in the group forever. One holding entries is kept (its
+        entries would be lost with it); at most once a minute.
+        """
+        now = time.monotonic()
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        idle_ms = max(int(claim_seconds * 1000), 1)
+        for consumer in self.client.xinfo_consumers(self.name, GROUP):
+            name = _text(consumer["name"])
+            if name != self.consumer and int(consumer["pending"]) == 0 and int(consumer["idle"]) > idle_ms:
+                self.client.xgroup_delconsumer(self.name, GROUP, name)
+                log.info("queue %s: removed stale consumer %s (idle, holding nothing)", self.name, name)
+
+    def extend(self, receipts: Sequence[str], claim_seconds: float) -> None:
+        """Reset the idle time of our pending entries (XCLAIM JUSTID: the delivery count stays)."""
+        if receipts:
+            self.client.xclaim(self.name, GROUP, self.consumer, 0, list(receipts), justid=True)
+
+    def release(self, receipts: Sequence[str], after_seconds: float, claim_seconds: float) -> None:
+        """Back-date our pending entries so XAUTOCLAIM takes them again after ``after_seconds``."""
+        if receipts:
+            idle = max(0, int((claim_seconds - after_seconds) * 1000))
+            self.client.xclaim(self.name, GROUP, self.consumer, 0, list(receipts), idle=idle, justid=True)
 
     def ack(self, receipts: Sequence[str]) -> None:
         """XACK and XDEL in one transaction."""

@@ -11,7 +11,9 @@ once more, and the idempotent output absorbs it.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import cached_property
 from typing import Any
 
@@ -62,21 +64,56 @@ class SqsQueue(BatchQueue):
         return QueueStats(depth=waiting + int(attrs.get(names[1], 0)), waiting=waiting)
 
     def receive(self, max_items: int, claim_seconds: float) -> list[Delivery]:
-        """Receive up to ``max_items`` (10 per call) with a visibility timeout of ``claim_seconds``."""
-        out: list[Delivery] = []
-        while len(out) < max_items:
+        """Receive up to ``max_items`` distinct messages (10 per call), each claimed for ``claim_seconds``.
+
+        A collect of several calls can outlive the first claims (a slow endpoint, a short
+        ``claim_seconds``): a message whose claim lapsed mid-collect comes back in a later call
+        of the same collect. It is kept once, under its newest receipt (the older one can no
+        longer delete it), and the collect stops once half the claim has passed, so the group
+        starts its work with every claim still held.
+        """
+        visibility = max(1, round(claim_seconds))
+        deadline = time.monotonic() + visibility / 2
+        found: dict[str, Delivery] = {}
+        while len(found) < max_items and time.monotonic() < deadline:
             answer = self.client.receive_message(
                 QueueUrl=self.url,
-                MaxNumberOfMessages=min(SQS_BATCH, max_items - len(out)),
-                VisibilityTimeout=max(1, round(claim_seconds)),
+                MaxNumberOfMessages=min(SQS_BATCH, max_items - len(found)),
+                VisibilityTimeout=visibility,
                 WaitTimeSeconds=0,
                 AttributeNames=["SentTimestamp", "ApproximateReceiveCount"],
             )
             messages = answer.get("Messages", [])
             if not messages:  # a short poll may return fewer than asked; only an empty answer means "none left"
                 break
-            out.extend(_delivery(m) for m in messages)
-        return out
+            for message in messages:
+                delivery = _delivery(message)
+                earlier = found.pop(delivery.message_id, None)
+                if earlier is not None:  # its claim lapsed within this collect: not a new attempt
+                    delivery = replace(delivery, attempts=earlier.attempts)
+                found[delivery.message_id] = delivery
+        return list(found.values())
+
+    def extend(self, receipts: Sequence[str], claim_seconds: float) -> None:
+        """Push the visibility timeout of claimed messages ``claim_seconds`` ahead (10 per call)."""
+        self._change_visibility(receipts, max(1, round(claim_seconds)))
+
+    def release(self, receipts: Sequence[str], after_seconds: float, claim_seconds: float) -> None:
+        """Make claimed messages visible again after ``after_seconds`` (not deleted)."""
+        self._change_visibility(receipts, max(0, round(after_seconds)))
+
+    def _change_visibility(self, receipts: Sequence[str], seconds: int) -> None:
+        for start in range(0, len(receipts), SQS_BATCH):
+            part = receipts[start : start + SQS_BATCH]
+            entries = [{"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": seconds} for i, r in enumerate(part)]
+            answer = self.client.change_message_visibility_batch(QueueUrl=self.url, Entries=entries)
+            for failed in answer.get("Failed", []):
+                log.warning(
+                    "queue %s: could not change a claim (%s: %s); it lapsed and the message will be delivered again",
+                    self.name,
+                    failed.get("Code"),
+                    failed.get("Message"),
+                )
 
     def ack(self, receipts: Sequence[str]) -> None:
         """Delete claimed messages, 10 per call; a failed delete is logged (the message will come back)."""
