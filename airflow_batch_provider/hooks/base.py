@@ -100,6 +100,16 @@ class BatchHook(BaseHook, ABC):
         """
         return []
 
+    def owns(self, state: BatchState, chunk: ChunkDescriptor) -> bool | None:
+        """Say whether a batch :meth:`find_existing` returned is ``chunk``'s own: True, False, or None (not yet known).
+
+        A hook with ``exact_reconcile`` matched a stored key: True. One that matched on a guess
+        (size and time) must prove it from what the batch holds, which may only be readable once
+        it ended; the default cannot prove anything (None), and an unproven batch is adopted at
+        most provisionally (see :func:`~airflow_batch_provider.batches.submission.submit_once`).
+        """
+        return True if self.exact_reconcile else None
+
     def in_flight_tokens(self, model: str) -> int:
         """Return the input tokens of this deployment's non-terminal batches for ``model``.
 

@@ -124,7 +124,7 @@ def _clean_counts(raw: object) -> dict[str, int]:
         route_pattern(str(key))  # validates
         _check_count(f"lose_answer_routes[{key!r}]", value)
         method, _, path = str(key).strip().partition(" ")
-        clean[f"{method.upper()} {path.strip()}"] = int(value)  # type: ignore[call-overload]
+        clean[f"{method.upper()} {path.strip()}"] = int(value)
     return clean
 
 
