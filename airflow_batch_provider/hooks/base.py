@@ -100,6 +100,14 @@ class BatchHook(BaseHook, ABC):
         """
         return []
 
+    def iter_keyed_batches(self, since: float) -> Iterator[tuple[str, BatchState]]:
+        """Yield ``(idempotency key, state)`` of every batch created since ``since`` that carries one of our keys.
+
+        For ``python -m airflow_batch_provider.jobs reconcile``, which looks for late creates after
+        the runs ended. The default yields nothing: the backend stores no key it can list by.
+        """
+        return iter(())
+
     def owns(self, state: BatchState, chunk: ChunkDescriptor) -> bool | None:
         """Say whether a batch :meth:`find_existing` returned is ``chunk``'s own: True, False, or None (not yet known).
 

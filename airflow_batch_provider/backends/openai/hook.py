@@ -271,6 +271,13 @@ class OpenAIBatchHook(BatchHook):
             if (batch.metadata or {}).get(metadata_key) == value
         ]
 
+    def iter_keyed_batches(self, since: float) -> Iterator[tuple[str, BatchState]]:
+        """Yield ``(key, state)`` of the batches created since ``since`` whose metadata carries our key."""
+        for batch in self._iter_batches(since=since):
+            key = (batch.metadata or {}).get(IDEMPOTENCY_METADATA_KEY)
+            if key:
+                yield str(key), state_from_openai(batch)
+
     def in_flight_tokens(self, model: str, *, max_pages: int = 10) -> int:
         """Sum the estimated input tokens of non-terminal batches for ``model`` (see ``token_budget``).
 
