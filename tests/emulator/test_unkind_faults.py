@@ -103,3 +103,15 @@ def test_bedrock_token_reused_with_other_parameters_is_refused(aws, batch_emulat
 def test_bad_settings_are_refused(settings):
     with pytest.raises(ValueError, match="lose_answer"):
         Faults.from_mapping(settings)
+
+
+def test_the_command_line_sets_the_switches():
+    from airflow_batch_emulator.__main__ import build_parser, config_from_args
+
+    args = build_parser().parse_args(
+        ["--lose-answer-rate", "0.5", "--lose-answer-route", "POST /v1/batches=2", "--lose-answer-as", "drop",
+         "--process-after-hangup"]  # fmt: skip
+    )
+    faults = config_from_args(args).faults
+    assert (faults.lose_answer_rate, dict(faults.lose_answer_routes)) == (0.5, {"POST /v1/batches": 2})
+    assert faults.lose_answer_as == "drop" and faults.process_after_hangup is True
