@@ -108,10 +108,8 @@ def test_bad_settings_are_refused(settings):
 def test_the_command_line_sets_the_switches():
     from airflow_batch_emulator.__main__ import build_parser, config_from_args
 
-    args = build_parser().parse_args(
-        ["--lose-answer-rate", "0.5", "--lose-answer-route", "POST /v1/batches=2", "--lose-answer-as", "drop",
-         "--process-after-hangup"]  # fmt: skip
-    )
+    flags = ["--lose-answer-rate", "0.5", "--lose-answer-route", "POST /v1/batches=2", "--lose-answer-as", "drop"]
+    args = build_parser().parse_args([*flags, "--process-after-hangup"])
     faults = config_from_args(args).faults
     assert (faults.lose_answer_rate, dict(faults.lose_answer_routes)) == (0.5, {"POST /v1/batches": 2})
     assert faults.lose_answer_as == "drop" and faults.process_after_hangup is True
