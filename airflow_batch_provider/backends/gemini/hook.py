@@ -203,13 +203,23 @@ class GeminiBatchHook(BatchHook):
         if not input_file_id:
             raise ValueError(f"{chunk['label']}: a Gemini batch needs an uploaded file (see upload_file)")
         name = display_name(metadata, chunk["label"])
-        job = self._call(
+        key = metadata.get(IDEMPOTENCY_METADATA_KEY)
+        batch_id = self._call(
             f"{chunk['label']}: batch create for file {input_file_id}",
-            lambda: self.client.batches.create(model=chunk["model"], src=input_file_id, config={"display_name": name}),
+            lambda: str(
+                self.client.batches.create(model=chunk["model"], src=input_file_id, config={"display_name": name}).name
+            ),
             within=CREATE_WITHIN,
+            # A failed create may have made the batch (its answer lost): look its name up before resending.
+            recover=lambda exc: self._landed(key),
         )
-        self.log.info("%s: created Gemini batch %s from file %s", chunk["label"], job.name, input_file_id)
-        return str(job.name)
+        self.log.info("%s: created Gemini batch %s from file %s", chunk["label"], batch_id, input_file_id)
+        return batch_id
+
+    def _landed(self, key: str | None) -> str | None:
+        """Return the name of a live batch whose display name carries ``key`` (None: resend the create)."""
+        live = [job for job in self.find_batches(f"[{key}]") if not state_from_gemini(job).status.is_terminal]
+        return str(live[-1].name) if key and live else None
 
     def find_batches(self, suffix: str, *, max_pages: int = 10) -> list[Any]:
         """Return recent SDK batch jobs whose display name ends in ``suffix``, newest first."""
