@@ -16,6 +16,7 @@ from airflow_batch_provider import metrics as metrics_module
 from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.jobs.__main__ import main
 from airflow_batch_provider.jobs.reconcile import served_keys
+from tests.backends.gemini.conftest import gemini_conn  # noqa: F401  (the fixture)
 from tests.conftest import wait_terminal
 from tests.support import write_chunk
 from tests.test_metrics import InMemoryStats
@@ -120,3 +121,22 @@ def test_the_maintenance_dag_runs_the_command_hourly():
     assert getattr(dag.timetable, "delta", getattr(dag.timetable, "_delta", None)) == timedelta(hours=1)
     command = dag.get_task("reconcile").bash_command
     assert "-m airflow_batch_provider.jobs reconcile --since 24h" in command
+
+
+def test_reconcile_covers_gemini_by_display_name(gemini_conn, tmp_path):  # noqa: F811
+    """Gemini keeps the key in the display name: a second live batch with a served key is cancelled."""
+    from airflow_batch_provider.backends.gemini.hook import GeminiBatchHook
+    from airflow_batch_provider.jobs.reconcile import reconcile
+    from tests.backends.gemini.conftest import gemini_chunk
+
+    gemini_conn.set_faults(slow=60.0)
+    hook = GeminiBatchHook()
+    chunk = gemini_chunk(tmp_path, 2)
+    file_id = hook.upload_file(chunk["requests_path"])
+    meta = {"airflow_idempotency_key": "key-g", "airflow_dag_id": "nightly"}
+    kept, late = (hook.create_batch(chunk, input_file_id=file_id, metadata=meta) for _ in range(2))
+    found = reconcile(hook, {"key-g": kept}, since=0.0, metrics=metrics_module.BatchMetrics(
+        provider="gemini", model="any", stats=InMemoryStats()))  # fmt: skip
+    assert [(d.batch_id, d.served_by, d.cancelled) for d in found] == [(late, kept, True)]
+    assert wait_terminal(hook, late).status.value == "cancelled"
+    assert not hook.get_state(kept).status.is_terminal

@@ -13,7 +13,7 @@ it is reported all the same. A key with no checkpoint (the run's store was clear
 alone: nothing says which of its batches is the one a run used.
 
 Backends: those whose hook lists batches by key
-(:meth:`~airflow_batch_provider.hooks.base.BatchHook.iter_keyed_batches`; today OpenAI). The DAG
+(:meth:`~airflow_batch_provider.hooks.base.BatchHook.iter_keyed_batches`; OpenAI and Gemini). The DAG
 ``batch_maintenance`` runs it hourly. See docs/durability.md.
 """
 

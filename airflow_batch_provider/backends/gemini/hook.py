@@ -232,6 +232,19 @@ class GeminiBatchHook(BatchHook):
             self._call("batch list (next page)", pager.next_page)
         return sorted(found, key=lambda job: job.create_time.timestamp() if job.create_time else 0.0, reverse=True)
 
+    def iter_keyed_batches(self, since: float) -> Iterator[tuple[str, BatchState]]:
+        """Yield ``(key, state)`` of the batches created since ``since`` whose display name ends in ``[<key>]``."""
+        pager = self._call("batch list", lambda: self.client.batches.list(config={"page_size": 100}))
+        while True:
+            for job in pager.page:
+                name = job.display_name or ""
+                created = job.create_time.timestamp() if job.create_time else since
+                if created >= since and name.endswith("]") and "[" in name:
+                    yield name[name.rindex("[") + 1 : -1], state_from_gemini(job)
+            if not pager.config.get("page_token"):
+                return
+            self._call("batch list (next page)", pager.next_page)
+
     def find_existing(
         self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
     ) -> list[BatchState]:
