@@ -140,3 +140,22 @@ def test_reconcile_covers_gemini_by_display_name(gemini_conn, tmp_path):  # noqa
     assert [(d.batch_id, d.served_by, d.cancelled) for d in found] == [(late, kept, True)]
     assert wait_terminal(hook, late).status.value == "cancelled"
     assert not hook.get_state(kept).status.is_terminal
+
+
+def test_reconcile_reports_an_ended_anthropic_duplicate_by_its_rows(anthropic_conn, anthropic_hook, tmp_path):
+    """Anthropic batches carry no key: a finished batch holding a served batch's rows is reported, not cancelled."""
+    from airflow_batch_provider.jobs.reconcile import reconcile_unkeyed
+    from tests.batches.test_anthropic_adoption import _chunk
+
+    stats = InMemoryStats()
+    mine, other = _chunk(tmp_path, 0), _chunk(tmp_path, 1)  # the same size, other rows
+    served = anthropic_hook.submit(mine, metadata={})["batch_id"]
+    late = anthropic_hook.submit(mine, metadata={})["batch_id"]  # the same rows again: a late create
+    stranger = anthropic_hook.submit(other, metadata={})["batch_id"]
+    for batch_id in (served, late, stranger):
+        wait_terminal(anthropic_hook, batch_id)
+    found = reconcile_unkeyed(anthropic_hook, {served}, since=0.0, metrics=metrics_module.BatchMetrics(
+        provider="anthropic", model="any", stats=stats))  # fmt: skip
+    assert [(d.batch_id, d.served_by, d.cancelled) for d in found] == [(late, served, False)]
+    assert "its rows are served by" in found[0].line() and "could not be cancelled" in found[0].line()
+    assert [(stat, count) for _, stat, count, _ in stats.calls] == [("llm_batch.late_duplicate_batches", 1)]

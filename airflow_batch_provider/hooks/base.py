@@ -108,6 +108,13 @@ class BatchHook(BaseHook, ABC):
         """
         return iter(())
 
+    def iter_unkeyed_batches(self, since: float) -> Iterator[BatchState]:
+        """Yield every batch created since ``since``, for a backend that stores no key (``exact_reconcile`` False).
+
+        ``jobs reconcile`` tells whose they are from their results' custom ids. Default: nothing.
+        """
+        return iter(())
+
     def owns(self, state: BatchState, chunk: ChunkDescriptor) -> bool | None:
         """Say whether a batch :meth:`find_existing` returned is ``chunk``'s own: True, False, or None (not yet known).
 

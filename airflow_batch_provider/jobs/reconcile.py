@@ -13,7 +13,8 @@ it is reported all the same. A key with no checkpoint (the run's store was clear
 alone: nothing says which of its batches is the one a run used.
 
 Backends: those whose hook lists batches by key
-(:meth:`~airflow_batch_provider.hooks.base.BatchHook.iter_keyed_batches`; OpenAI and Gemini). The DAG
+(:meth:`~airflow_batch_provider.hooks.base.BatchHook.iter_keyed_batches`; OpenAI and Gemini); for
+Anthropic, whose batches carry no key, :func:`reconcile_unkeyed` reports ended duplicates by their rows. The DAG
 ``batch_maintenance`` runs it hourly. See docs/durability.md.
 """
 
@@ -54,8 +55,9 @@ class Duplicate:
     def line(self) -> str:
         """The ALERT line for the log."""
         action = "cancelled" if self.cancelled else f"already {self.status}, could not be cancelled"
+        whose = f"its key {self.key[:12]}… is" if self.key else "its rows are"
         return (
-            f"ALERT late duplicate {self.provider} batch {self.batch_id}: its key {self.key[:12]}… is served by "
+            f"ALERT late duplicate {self.provider} batch {self.batch_id}: {whose} served by "
             f"batch {self.served_by}; {action}; cost: {self.requests_run:,} of {self.requests_total:,} "
             "request(s) had run (billed)"
         )
@@ -126,6 +128,39 @@ def reconcile(
     return found
 
 
+def reconcile_unkeyed(
+    hook: BatchHook, served: set[str], *, since: float, metrics: BatchMetrics | None = None
+) -> list[Duplicate]:
+    """Report the ended batches since ``since`` that hold rows of a checkpointed (``served``) batch; return them.
+
+    For a backend with no key on its batches (Anthropic): a batch is a duplicate of a served one
+    when its first result's custom id is among the served batch's (custom ids are row ids). Only
+    ended batches can be read, and an ended batch cannot be cancelled: these are reported (ALERT,
+    metric), never cancelled. A batch still running is looked at by a later run.
+    """
+    batches = list(hook.iter_unkeyed_batches(since))
+    ended = [s for s in batches if s.status.is_terminal and s.status is not BatchStatus.CANCELLED]
+    rows: dict[str, set[str]] = {}  # served batch -> its custom ids, read once
+    found: list[Duplicate] = []
+    for state in ended:
+        if state.batch_id in served:
+            continue
+        first = next((r["custom_id"] for r in hook.iter_results(state)), None)
+        for owner in (s for s in ended if s.batch_id in served and s.counts.total == state.counts.total):
+            if owner.batch_id not in rows:
+                rows[owner.batch_id] = {r["custom_id"] for r in hook.iter_results(owner)}
+            if first is not None and first in rows[owner.batch_id]:
+                duplicate = Duplicate(hook.provider, state.batch_id, "", owner.batch_id,
+                                      state.provider_status, state.counts.completed + state.counts.failed,
+                                      state.counts.total, False)  # fmt: skip
+                log.warning("%s", duplicate.line())
+                found.append(duplicate)
+                break
+    metrics = metrics or BatchMetrics(provider=hook.provider, model="any", dag_id="batch_maintenance")
+    metrics.late_duplicates(len(found), 0)
+    return found
+
+
 def run(
     providers: Iterable[str],
     *,
@@ -142,5 +177,8 @@ def run(
     found: list[Duplicate] = []
     for provider in providers:
         hook: Any = get_batch_hook(provider, (conn_ids or {}).get(provider))
-        found += reconcile(hook, served, since=since, dry_run=dry_run)
+        if hook.exact_reconcile:
+            found += reconcile(hook, served, since=since, dry_run=dry_run)
+        else:
+            found += reconcile_unkeyed(hook, set(served.values()), since=since)
     return found

@@ -226,6 +226,13 @@ class AnthropicBatchHook(BatchHook):
                 found.append(state)
         return found
 
+    def iter_unkeyed_batches(self, since: float) -> Iterator[BatchState]:
+        """Yield the batches created since ``since``, newest first (the SDK pages on)."""
+        for batch in self._call("batch list", lambda: self.client.messages.batches.list(limit=100)):
+            if _created_epoch(batch) < since:
+                return
+            yield state_from_anthropic(batch)
+
     def owns(self, state: BatchState, chunk: ChunkDescriptor) -> bool | None:
         """Prove from an ended batch's first result that it is ``chunk``'s: its custom_id is one of the chunk's.
 
