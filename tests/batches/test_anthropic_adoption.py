@@ -8,6 +8,7 @@ over HTTP against the emulator; the sensor is the real BatchCompleteSensor, poki
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -44,10 +45,8 @@ def _submit(hook, chunk, store: InMemoryTaskStateStore) -> dict[str, Any]:
 
 
 def _b_create_never_lands(hook, b, store) -> None:
-    """B's intent is recorded; its create is held before the route and dropped when B gives up."""
-    store.set(
-        "submit", {"fingerprint": b["fingerprint"], "idempotency_key": "k", "intent_at": __import__("time").time()}
-    )
+    """What B's first try leaves when its create never reached the provider: an intent, no batch."""
+    store.set("submit", {"fingerprint": b["fingerprint"], "idempotency_key": "k", "intent_at": time.time()})
 
 
 @pytest.fixture
