@@ -57,6 +57,7 @@ class SubmittedBatch(ChunkDescriptor):
     batch_id: str
     input_file_id: NotRequired[str | None]
     idempotency_key: NotRequired[str]  # the batch's key at the provider: the sensor cancels other batches with it
+    adopted_unproven: NotRequired[bool]  # adopted on a guess: the sensor checks it is the chunk's own when it ends
 
 
 class CompletedBatch(SubmittedBatch):

@@ -26,6 +26,7 @@ BATCH_FILL_RATE = f"{PREFIX}.batch_fill_rate"
 RESULTS = f"{PREFIX}.results"  # .<status>
 TRUNCATED = f"{PREFIX}.truncated_answers"
 DUPLICATES_CANCELLED = f"{PREFIX}.duplicate_batches_cancelled"
+LATE_DUPLICATES = f"{PREFIX}.late_duplicate_batches"  # found by jobs reconcile (alert on any)
 BATCHES = f"{PREFIX}.batches"  # .<terminal status>
 INPUT_TOKENS = f"{PREFIX}.tokens.input"
 OUTPUT_TOKENS = f"{PREFIX}.tokens.output"
@@ -145,6 +146,12 @@ class BatchMetrics:
         """Count batches cancelled because another batch of the same chunk (same idempotency key) is followed."""
         if count:
             self._emit("incr", DUPLICATES_CANCELLED, count)
+
+    def late_duplicates(self, found: int, cancelled: int) -> None:
+        """Count duplicates ``jobs reconcile`` found after the runs (``found``; alert) and cancelled (``cancelled``)."""
+        if found:
+            self._emit("incr", LATE_DUPLICATES, found)
+        self.duplicates_cancelled(cancelled)
 
     def batch_ended(self, status: str) -> None:
         """Count one batch reaching a terminal status: ``llm_batch.batches.<status>`` (alert on failed)."""

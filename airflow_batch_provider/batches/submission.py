@@ -100,7 +100,8 @@ def submit_once(
         state = hook.get_state(record["batch_id"])
         if state.status not in _DEAD:
             log.info("%s: reattaching to batch %s (%s)", chunk["label"], state.batch_id, state.provider_status)
-            return _submitted(chunk, state.batch_id, record.get("input_file_id"), key)
+            submitted = _submitted(chunk, state.batch_id, record.get("input_file_id"), key)
+            return {**submitted, "adopted_unproven": True} if record.get("adopted_unproven") else submitted
         log.warning(
             "%s: batch %s from an earlier attempt ended %s; submitting a new one",
             chunk["label"],
@@ -111,16 +112,12 @@ def submit_once(
 
     # Always ask the provider before creating: a missing record may mean the store was cleared
     # ([state_store] clear_on_success) rather than "never submitted". One list call per chunk.
-    since = (record or {}).get("intent_at")
-    existing = [s for s in hook.find_existing(key, chunk, since=since) if s.status not in _DEAD]
-    if existing:
-        keep, *extra = existing
-        for dup in extra if hook.exact_reconcile else ():
-            log.warning("%s: cancelling duplicate batch %s", chunk["label"], dup.batch_id)
-            hook.cancel(dup.batch_id)
-        log.info("%s: found batch %s created by an earlier attempt", chunk["label"], keep.batch_id)
-        checkpoint.save({**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": keep.batch_id})
-        return _submitted(chunk, keep.batch_id, (record or {}).get("input_file_id"), key)
+    adopted = _adopt(hook, chunk, key, record, log)
+    if adopted is not None:
+        proof = {"adopted_unproven": True} if adopted.get("adopted_unproven") else {}
+        base = {**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": adopted["batch_id"]}
+        checkpoint.save(base | proof)
+        return adopted
 
     require_requests_file(chunk["requests_path"], chunk["label"])  # retention may have removed it
     extra_metadata = dict(prepare()) if prepare is not None else {}
@@ -130,6 +127,44 @@ def submit_once(
     if metrics is not None:
         metrics.duplicates_cancelled(len(cancelled))
     return submitted
+
+
+def _adopt(
+    hook: BatchHook, chunk: ChunkDescriptor, key: str, record: Mapping[str, Any] | None, log: Any
+) -> SubmittedBatch | None:
+    """Return the live batch an earlier attempt made for ``key`` (None: there is none, create one).
+
+    A batch is adopted when it is proven the chunk's own (:meth:`BatchHook.owns`; a stored key
+    proves it), or provisionally when exactly one candidate cannot be told yet (a guess on size and
+    time, still running): the sensor checks it when it ends and sends the chunk anew if it is
+    another chunk's. A batch proven to be another chunk's is never adopted.
+    """
+    since = (record or {}).get("intent_at")
+    file_id = (record or {}).get("input_file_id")
+    existing = [s for s in hook.find_existing(key, chunk, since=since) if s.status not in _DEAD]
+    verdicts = [(state, hook.owns(state, chunk)) for state in existing]
+    own = [state for state, verdict in verdicts if verdict is True]
+    unknown = [state for state, verdict in verdicts if verdict is None]
+    if own:
+        keep, *extra = own
+        for dup in extra if hook.exact_reconcile else ():
+            log.warning("%s: cancelling duplicate batch %s", chunk["label"], dup.batch_id)
+            hook.cancel(dup.batch_id)
+        log.info("%s: found batch %s created by an earlier attempt", chunk["label"], keep.batch_id)
+        return _submitted(chunk, keep.batch_id, file_id, key)
+    strangers = [state.batch_id for state, verdict in verdicts if verdict is False]
+    if strangers:
+        log.info("%s: recent batches %s match by size but hold other chunks' rows; not adopted", chunk["label"],
+                 strangers)  # fmt: skip
+    if len(unknown) == 1:
+        log.warning("%s: batch %s may be this chunk's (it matches by size and time; it is still running); adopted "
+                    "provisionally: checked when it ends, and this chunk is sent anew if it is another chunk's",
+                    chunk["label"], unknown[0].batch_id)  # fmt: skip
+        return {**_submitted(chunk, unknown[0].batch_id, file_id, key), "adopted_unproven": True}
+    if unknown:
+        log.warning("%s: %d running batches %s match by size and time; none can be proven this chunk's, so none "
+                    "is adopted", chunk["label"], len(unknown), [s.batch_id for s in unknown])  # fmt: skip
+    return None
 
 
 def submit_tagged(

@@ -100,6 +100,31 @@ class BatchHook(BaseHook, ABC):
         """
         return []
 
+    def iter_keyed_batches(self, since: float) -> Iterator[tuple[str, BatchState]]:
+        """Yield ``(idempotency key, state)`` of every batch created since ``since`` that carries one of our keys.
+
+        For ``python -m airflow_batch_provider.jobs reconcile``, which looks for late creates after
+        the runs ended. The default yields nothing: the backend stores no key it can list by.
+        """
+        return iter(())
+
+    def iter_unkeyed_batches(self, since: float) -> Iterator[BatchState]:
+        """Yield every batch created since ``since``, for a backend that stores no key (``exact_reconcile`` False).
+
+        ``jobs reconcile`` tells whose they are from their results' custom ids. Default: nothing.
+        """
+        return iter(())
+
+    def owns(self, state: BatchState, chunk: ChunkDescriptor) -> bool | None:
+        """Say whether a batch :meth:`find_existing` returned is ``chunk``'s own: True, False, or None (not yet known).
+
+        A hook with ``exact_reconcile`` matched a stored key: True. One that matched on a guess
+        (size and time) must prove it from what the batch holds, which may only be readable once
+        it ended; the default cannot prove anything (None), and an unproven batch is adopted at
+        most provisionally (see :func:`~airflow_batch_provider.batches.submission.submit_once`).
+        """
+        return True if self.exact_reconcile else None
+
     def in_flight_tokens(self, model: str) -> int:
         """Return the input tokens of this deployment's non-terminal batches for ``model``.
 

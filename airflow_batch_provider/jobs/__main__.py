@@ -1,5 +1,8 @@
 """``python -m airflow_batch_provider.jobs gc --older-than 7d``: remove job folders retention no longer needs.
 
+``python -m airflow_batch_provider.jobs reconcile --since 24h``: cancel duplicate batches that
+landed after their runs (see :mod:`airflow_batch_provider.jobs.reconcile`).
+
 Merged job folders (``merged.json``) go once their merge is older than ``--older-than``; unmerged
 ones are treated as running and kept, unless ``--include-unmerged`` and nothing in them changed
 for that long. ``--dry-run`` prints the decisions without removing anything. The root defaults to
@@ -28,7 +31,15 @@ def main(argv: list[str] | None = None) -> int:
     gc.add_argument("--older-than", required=True, help="age such as 7d, 12h, 30m (merged: since the merge)")
     gc.add_argument("--include-unmerged", action="store_true", help="also remove unmerged folders unchanged that long")
     gc.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
+    rec = commands.add_parser("reconcile", help="cancel late duplicate batches (a key already served)")
+    rec.add_argument("--since", required=True, help="how far back to list batches, e.g. 24h, 2d")
+    rec.add_argument("--provider", action="append", default=None, help="backend to check (repeatable; default openai)")
+    rec.add_argument("--conn-id", action="append", default=[], help="PROVIDER=CONN_ID (default: the hook's own)")
+    rec.add_argument("--database", default=None, help="SQLAlchemy URL of the metadata DB (default: Airflow's)")
+    rec.add_argument("--dry-run", action="store_true", help="report duplicates; cancel nothing")
     args = parser.parse_args(argv)
+    if args.command == "reconcile":
+        return _reconcile(args)
     try:
         decisions = collect(
             args.root or default_work_dir(),
@@ -46,6 +57,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{action:>12}  {decision.job.path}  ({decision.reason}; {decision.job.size / 1e6:.1f} MB)")
         freed += decision.job.size if decision.remove else 0
     print(f"{len(decisions)} job folder(s); {verb} {sum(d.remove for d in decisions)}, {freed / 1e6:.1f} MB")
+    return 0
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    from airflow_batch_provider.jobs.reconcile import run
+
+    try:
+        since = parse_age(args.since)
+        conn_ids = dict(item.split("=", 1) for item in args.conn_id if "=" in item)
+        if len(conn_ids) != len(args.conn_id):
+            raise InvalidInputError(f"--conn-id {args.conn_id}: write PROVIDER=CONN_ID, e.g. openai=openai_prod.")
+    except InvalidInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    found = run(args.provider or ["openai"], since_seconds=since, conn_ids=conn_ids, database=args.database,
+                dry_run=args.dry_run)  # fmt: skip
+    for duplicate in found:
+        print(duplicate.line())
+    cancelled = sum(d.cancelled for d in found)
+    print(f"{len(found)} late duplicate batch(es) found in the last {args.since}; {cancelled} cancelled")
     return 0
 
 

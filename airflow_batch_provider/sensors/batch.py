@@ -273,6 +273,13 @@ class BatchCompleteSensor(BaseSensorOperator):
         attempt = len(self.record.attempts)
         if attempt == 1:  # an orphan's create can land after the first look (it may be in flight for minutes)
             self._cancel_siblings()
+            if self.batch.get("adopted_unproven") and not self.record.current.replaced:
+                chunk = cast(ChunkDescriptor, self.batch)
+                if self.hook.owns(state, chunk) is not True:  # never use another chunk's results
+                    self.log.warning("%s: batch %s, adopted provisionally, is not this chunk's (its results hold "
+                                     "other rows); this chunk's lines go out as a new batch", self._label,
+                                     state.batch_id)  # fmt: skip
+                    return self._resubmission(context).replace(attempt)
         label = self._label if attempt == 1 else f"{self._label} attempt {attempt}"
         if state.status is BatchStatus.FAILED:
             if is_token_limit_refusal(state):

@@ -53,11 +53,20 @@ Classifier = Callable[[BaseException], tuple[bool, float | None]]
 
 
 def call_with_retries(
-    fn: Callable[[], T], *, what: str, classify: Classifier, policy: RetryPolicy, within: float | None = None
+    fn: Callable[[], T],
+    *,
+    what: str,
+    classify: Classifier,
+    policy: RetryPolicy,
+    within: float | None = None,
+    recover: Callable[[BaseException], T | None] | None = None,
 ) -> T:
     """Call ``fn`` until it succeeds, a non-retryable error occurs, or attempts run out.
 
     ``within`` (seconds) also bounds the whole call: no attempt starts after that time has passed.
+    ``recover`` runs before every new attempt, with the error of the last one: a call that may have
+    taken effect although it failed (a create answered by a timeout, a 5xx or a dropped connection)
+    looks up what it made there, and what it returns (not None) is the call's result, not resent.
     """
     give_up_at = None if within is None else time.monotonic() + within
     for attempt in range(1, policy.attempts + 1):
@@ -73,7 +82,11 @@ def call_with_retries(
                     f"{what} failed after {attempt} attempt(s) and is not retried past {within:.0f} s: {exc}"
                 ) from exc
             log.warning("%s failed (%s); retrying in %.1f s (attempt %d/%d)", what, exc, wait, attempt, policy.attempts)
-            time.sleep(wait)
+            time.sleep(wait)  # before looking: a call still on its way has that long to land
+            found = recover(exc) if recover is not None else None
+            if found is not None:
+                log.warning("%s had taken effect although it failed: %s; it is not sent again", what, found)
+                return found
     raise AssertionError("unreachable")  # pragma: no cover
 
 

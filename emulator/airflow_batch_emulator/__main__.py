@@ -200,6 +200,14 @@ def _add_fault_args(parser: argparse.ArgumentParser) -> None:
         metavar="'METHOD /path=SECONDS'",
         help="run matching calls, then hold the answer SECONDS (repeatable)",
     )
+    parser.add_argument("--lose-answer-rate", type=float, default=0.0,
+                        help="fraction of creates and uploads that take effect but lose their answer")  # fmt: skip
+    parser.add_argument("--lose-answer-route", action="append", default=[], metavar="'METHOD /path=N'",
+                        help="the next N matching calls take effect but lose their answer (repeatable)")  # fmt: skip
+    parser.add_argument("--lose-answer-as", choices=("500", "drop"), default="500",
+                        help="a lost answer is a 500 (default) or a dropped connection")  # fmt: skip
+    parser.add_argument("--process-after-hangup", action="store_true",
+                        help="a call held by --delay-route still runs after its client hung up")  # fmt: skip
 
 
 def parse_route_delays(values: list[str], flag: str) -> dict[str, float]:
@@ -236,6 +244,12 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         polls_before_done=args.polls_before_done,
         delay_routes=parse_route_delays(args.delay_route, "--delay-route"),
         delay_after_routes=parse_route_delays(args.delay_after_route, "--delay-after-route"),
+        lose_answer_rate=args.lose_answer_rate,
+        lose_answer_routes={
+            k: int(v) for k, v in parse_route_delays(args.lose_answer_route, "--lose-answer-route").items()
+        },
+        lose_answer_as=args.lose_answer_as,
+        process_after_hangup=args.process_after_hangup,
     )
     return EmulatorConfig(
         host=args.host,

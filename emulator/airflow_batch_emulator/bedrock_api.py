@@ -2,7 +2,8 @@
 
 Control plane (``boto3.client("bedrock", endpoint_url=emulator.url)``): CreateModelInvocationJob
 (``POST /model-invocation-job``; a repeated ``clientRequestToken`` returns the job it created the
-first time, and a job name already taken by another token is a ConflictException),
+first time when the other parameters are the same and is a ConflictException when they differ; a
+job name already taken by another token is a ConflictException too),
 GetModelInvocationJob, ListModelInvocationJobs (``nameContains``, ``statusEquals``,
 ``submitTimeAfter``, newest first, ``maxResults``/``nextToken``) and StopModelInvocationJob. Job
 identifiers in paths are the URL-encoded ARN or the bare 12-character job id.
@@ -221,6 +222,19 @@ class BedrockApi:
         with self.runner.lock:
             for job in self.runner.jobs.values():
                 if token and job.token == token:
+                    same = (job.name, job.model_id, job.role_arn, job.input_uri, job.output_uri) == (
+                        name,
+                        str(body["modelId"]),
+                        str(body["roleArn"]),
+                        input_uri,
+                        output_uri,
+                    )
+                    if not same:  # as AWS: a token names one request, not whatever comes with it
+                        raise BedrockError(
+                            409, "ConflictException",
+                            f"clientRequestToken {token} was already used by a request with different parameters "
+                            f"(job {job.name}).",
+                        )  # fmt: skip
                     self.store.bump("bedrock", "create_replayed")
                     return json_response({"jobArn": job.arn})
                 if job.name == name:

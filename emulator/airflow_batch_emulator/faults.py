@@ -19,6 +19,15 @@ Anthropic ``in_progress``) until its status has been retrieved that many times, 
 retrieve is the first that can see it ended, as with a real batch that runs longer than a poll
 interval. Listing batches does not count.
 
+Real APIs are less kind than "fail before doing anything": a create may take effect while its
+answer is lost. ``lose_answer_rate`` does that to every create and upload route (:data:`ANSWER_ROUTES`,
+rolled per call from a seeded counter); ``lose_answer_routes`` to the next N calls of chosen routes
+(``{"POST /v1/batches": 1}``: the next create makes its batch, its client gets the fault). The
+client gets a 500 or, with ``lose_answer_as="drop"``, a dropped connection. ``process_after_hangup``
+makes a request held *before* its route (``delay_routes``) still run when its client hangs up,
+once its hold ends or is released, as a slow proxy delivers a request its client gave up on:
+the late create of a killed or timed-out client.
+
 ``realtime_max_in_flight`` makes the realtime routes admit that many requests at once, as a
 server at its ``--max-num-seqs`` does: one more gets 429 with ``retry-after`` (``retry_after``).
 
@@ -43,6 +52,16 @@ DEFAULT_VALIDATION_CODE = "invalid_json_line"
 LineFate = Literal["ok", "expired", "server_error", "invalid"]
 HttpFault = Literal["429", "500", "drop"]
 
+#: The create and upload routes of every API the emulator serves (``lose_answer_rate`` applies to them).
+ANSWER_ROUTES = (
+    "POST /v1/files",
+    "POST /v1/batches",
+    "POST /v1/messages/batches",
+    "POST /model-invocation-job",
+    "POST /v1beta/models/{model}:batchGenerateContent",
+    "POST /upload/v1beta/files",
+)
+
 _RATES = (
     "line_error_rate",
     "invalid_line_rate",
@@ -51,6 +70,7 @@ _RATES = (
     "http_500_rate",
     "drop_rate",
     "truncate_rate",
+    "lose_answer_rate",
 )
 _METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH"})
 _PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -93,6 +113,21 @@ def _clean_delays(name: str, raw: object) -> dict[str, float]:
     return clean
 
 
+def _clean_counts(raw: object) -> dict[str, int]:
+    """Validate ``lose_answer_routes``: ``"METHOD /path"`` to a whole number of calls."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"Fault lose_answer_routes must be an object of 'METHOD /path': calls, not {raw!r}.")
+    clean: dict[str, int] = {}
+    for key, value in raw.items():
+        route_pattern(str(key))  # validates
+        _check_count(f"lose_answer_routes[{key!r}]", value)
+        method, _, path = str(key).strip().partition(" ")
+        clean[f"{method.upper()} {path.strip()}"] = int(value)
+    return clean
+
+
 def _check_count(name: str, value: object) -> None:
     """Raise ValueError unless ``value`` is a whole number >= 0 (a bool is not one)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -109,6 +144,7 @@ class Faults:
     that hangs up meanwhile gets nothing done. ``delay_after_routes`` sleeps *after* the route ran
     and before the answer goes out. Control routes are never delayed. ``polls_before_done`` holds a
     finished batch in its in-progress state until its status was retrieved that many times (0: off).
+    ``lose_answer_*`` and ``process_after_hangup``: see the module docstring.
     """
 
     seed: int = 0
@@ -128,6 +164,10 @@ class Faults:
     realtime_max_in_flight: int = 0
     delay_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
     delay_after_routes: Mapping[str, float] = field(default_factory=dict, hash=False)
+    lose_answer_rate: float = 0.0
+    lose_answer_routes: Mapping[str, int] = field(default_factory=dict, hash=False)
+    lose_answer_as: str = "500"
+    process_after_hangup: bool = False
 
     def __post_init__(self) -> None:
         fail = self.fail_validation
@@ -150,6 +190,12 @@ class Faults:
             _check_count(name, getattr(self, name))
         for name in ("delay_routes", "delay_after_routes"):
             object.__setattr__(self, name, _clean_delays(name, getattr(self, name)))
+        self._check_lost_answers()
+
+    def _check_lost_answers(self) -> None:
+        object.__setattr__(self, "lose_answer_routes", _clean_counts(self.lose_answer_routes))
+        if self.lose_answer_as not in ("500", "drop"):
+            raise ValueError(f"lose_answer_as={self.lose_answer_as!r} must be '500' or 'drop'.")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, object]) -> Faults:
@@ -215,11 +261,29 @@ class HttpDice:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls = 0
+        self._answers = 0
+        self._lost: dict[str, int] = {}
 
     def reset(self) -> None:
-        """Restart the call counter (done whenever faults are replaced)."""
+        """Restart the call counters (done whenever faults are replaced)."""
         with self._lock:
             self._calls = 0
+            self._answers = 0
+            self._lost = {}
+
+    def lose_answer(self, faults: Faults, method: str, path: str) -> bool:
+        """Return True when the answer to this call (its route already ran) is to be lost."""
+        target = f"{method.upper()} {path}"
+        with self._lock:
+            for key, count in faults.lose_answer_routes.items():
+                if route_pattern(key).fullmatch(target) and self._lost.get(key, 0) < count:
+                    self._lost[key] = self._lost.get(key, 0) + 1
+                    return True
+            if not faults.lose_answer_rate or not any(route_pattern(k).fullmatch(target) for k in ANSWER_ROUTES):
+                return False
+            call = self._answers
+            self._answers += 1
+        return roll(faults.seed, "lose_answer", str(call)) < faults.lose_answer_rate
 
     def pick(self, faults: Faults) -> HttpFault | None:
         """Return the fault for the next API call, or None to answer normally."""

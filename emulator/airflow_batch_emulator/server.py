@@ -9,7 +9,9 @@ thread and watches the socket meanwhile: a client that hangs up (a killed proces
 at once, and a request delayed *before* its route is then dropped undone. ``GET /_emulator/stats``
 lists each held call (``http.delayed_calls``: id, phase, request, client ``host:port``, seconds
 held) and ``POST /_emulator/release`` ends the hold of chosen ones early, so a test decides in
-which order held calls land.
+which order held calls land. With ``process_after_hangup`` a request whose client hung up during
+a before-route hold stays held (and listed) until its hold ends or is released, then runs
+unanswered. ``lose_answer_*`` runs the route and then answers 500 or drops the connection.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import re
 import socket
 import threading
+import time
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl
@@ -224,11 +227,26 @@ class BatchEmulator:
             return faulted
         before, after = self.store.faults.route_delay(req.method, req.path)
         if before:
-            self._delay(handler, req, before, "before")
+            self._delay(handler, req, before, "before", family)
         response = self._route(req, family)
         if after:
-            self._delay(handler, req, after, "after")
+            self._delay(handler, req, after, "after", family)
+        if response.status < 400 and self.store.dice.lose_answer(self.store.faults, req.method, req.path):
+            return self._lose_answer(handler, req, family)
         return response
+
+    def _lose_answer(self, handler: Handler, req: Request, family: ErrorFactory) -> Response:
+        """The route took effect; its client gets a 500 or a dropped connection instead of the answer."""
+        self.store.bump("http", "answers_lost")
+        log.info("%s %s took effect; its answer is lost (fault lose_answer_*)", req.method, req.path)
+        if self.store.faults.lose_answer_as == "drop":
+            handler.close_connection = True
+            try:
+                handler.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            raise ConnectionAbortedError("answer dropped on purpose")
+        return family(500, "api_error", "Internal server error (emulator fault lose_answer).").response()
 
     def _http_fault(self, handler: Handler, family: ErrorFactory) -> Response | None:
         """Roll the HTTP fault dice: return the injected error, drop the connection, or None to go on."""
@@ -268,7 +286,7 @@ class BatchEmulator:
                 return response
         return family(404, "not_found_error", f"Invalid URL ({req.method} {req.path})").response()
 
-    def _delay(self, handler: Handler, req: Request, seconds: float, phase: str) -> None:
+    def _delay(self, handler: Handler, req: Request, seconds: float, phase: str, family: ErrorFactory) -> None:
         """Hold one request ``seconds`` (fault ``delay_routes`` / ``delay_after_routes``).
 
         Raise ``ConnectionAbortedError`` when the client hangs up meanwhile, so nothing more is
@@ -279,10 +297,20 @@ class BatchEmulator:
         host, port = handler.client_address[:2]
         call = self.store.delay_enter(phase, what, f"{host}:{port}")
         log.info("delaying %s %s the route by %g s (fault; held call %d)", what, phase, seconds, call.id)
+        ends = time.monotonic() + seconds
         try:
             alive = handler.wait_or_hangup(seconds, call.release)
+            if not alive and phase == "before" and self.store.faults.process_after_hangup:
+                # A slow proxy still delivers what its client gave up on: finish the hold, then run.
+                call.release.wait(max(0.0, ends - time.monotonic()))
         finally:
             self.store.delay_exit(call)
+        if not alive and phase == "before" and self.store.faults.process_after_hangup:
+            self.store.bump("http", "processed_after_hangup")
+            log.info("client hung up while %s was held; it runs anyway, unanswered", what)
+            handler.close_connection = True
+            self._route(req, family)
+            raise ConnectionAbortedError("client hung up; the request ran anyway")
         if not alive:
             self.store.bump("http", "delayed_abandoned")
             log.info("client hung up while %s was delayed %s the route; nothing is answered", what, phase)

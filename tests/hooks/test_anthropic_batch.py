@@ -126,13 +126,19 @@ def test_async_state_matches_sync(anthropic_hook, tmp_path):
     assert asyncio.run(anthropic_hook.aget_state(batch_id)) == final
 
 
-def test_find_existing_matches_by_time_and_size_only_when_unambiguous(anthropic_hook, tmp_path):
+def test_find_existing_lists_candidates_by_time_and_size_and_owns_tells_them_apart(anthropic_hook, tmp_path):
     since = time.time()
     chunk3 = _chunk(tmp_path / "a", [_line(f"x{i}", "x") for i in range(3)])
     chunk4 = _chunk(tmp_path / "b", [_line(f"y{i}", "x") for i in range(4)])
+    other3 = _chunk(tmp_path / "c", [_line(f"z{i}", "x") for i in range(3)])  # another chunk, the same size
     b3 = anthropic_hook.submit(chunk3, metadata={})["batch_id"]
     anthropic_hook.submit(chunk4, metadata={})
     assert [s.batch_id for s in anthropic_hook.find_existing("k", chunk3, since=since)] == [b3]
     assert anthropic_hook.find_existing("k", chunk3, since=None) == []
-    anthropic_hook.submit(chunk3, metadata={})  # a second batch of the same size: ambiguous
-    assert anthropic_hook.find_existing("k", chunk3, since=since) == []
+    z3 = anthropic_hook.submit(other3, metadata={})["batch_id"]
+    assert [s.batch_id for s in anthropic_hook.find_existing("k", chunk3, since=since)] == [z3, b3]
+    running = anthropic_hook.get_state(z3)
+    assert running.status.is_terminal or anthropic_hook.owns(running, chunk3) is None  # not known while it runs
+    ended = {batch_id: wait_terminal(anthropic_hook, batch_id) for batch_id in (b3, z3)}
+    assert anthropic_hook.owns(ended[b3], chunk3) is True
+    assert anthropic_hook.owns(ended[z3], chunk3) is False

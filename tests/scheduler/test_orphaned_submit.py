@@ -69,7 +69,7 @@ def test_kill_supervisor_while_create_in_flight(deployment: Deployment, undistur
     structlog logger (an operator's or hook's ``self.log``) raises BrokenPipeError, but stdlib
     ``logging`` swallows the error, so ``utils/retry.py`` can still log a retry. Its held create
     times out after ``CREATE_TIMEOUT`` (60 s: the emulator sees the hang-up and drops the call
-    undone), and it sends the create again 1-2 s later; it may keep doing so until
+    undone), and 1-2 s later it looks the key up (nothing yet) and sends the create again; it may keep doing so until
     ``CREATE_WITHIN`` (180 s), so a create of an orphan can land up to ~240 s after its first try.
     Meanwhile the scheduler fails the try on the heartbeat timeout (60 s here) and retries it
     10 s later: the rerun reconciled and sent its own create ~75 s after the kill, when the

@@ -5,9 +5,10 @@ the password field; the base URL (without ``/v1``) in the extra ``base_url`` or 
 empty means the public API. A connection of type ``anthropic`` works too.
 
 Message Batches take the requests inline (no file upload) and carry no metadata, so crash
-recovery cannot search by an idempotency key. Instead :meth:`find_existing` matches batches
-created after the recorded submission intent whose request count equals the chunk's, and
-adopts a batch only when exactly one matches (see SubmitBatchOperator).
+recovery cannot search by an idempotency key. Instead :meth:`find_existing` lists candidates
+(created after the recorded submission intent, with the chunk's request count) and :meth:`owns`
+proves one is the chunk's from its first result's custom_id once it ended; a running candidate is
+adopted only provisionally and checked when it ends (see ``submit_once`` and the sensor).
 """
 
 from __future__ import annotations
@@ -80,6 +81,18 @@ def classify_anthropic_error(exc: BaseException) -> tuple[bool, float | None]:
     return False, None
 
 
+def classify_unsent_create(exc: BaseException) -> tuple[bool, float | None]:
+    """Retry a batch create only when it certainly did nothing: refused (429, 529) or never connected.
+
+    A timeout, a 5xx or a connection lost after the request went out may have created the batch.
+    """
+    if isinstance(exc, anthropic.APIStatusError) and exc.status_code in (429, 529):
+        return True, retry_after_seconds(exc.response.headers)
+    cause = exc.__cause__ if isinstance(exc, anthropic.APIConnectionError) else exc
+    unsent = isinstance(cause, httpx2.ConnectError) and not isinstance(exc, anthropic.APITimeoutError)
+    return unsent, None
+
+
 def state_from_anthropic(batch: Any) -> BatchState:
     """Build a :class:`BatchState` from an SDK ``MessageBatch``."""
     c = batch.request_counts
@@ -94,6 +107,12 @@ def state_from_anthropic(batch: Any) -> BatchState:
         created_at=_created_epoch(batch),
         ended_at=_epoch(batch.ended_at) if batch.ended_at else None,
     )
+
+
+def chunk_custom_ids(chunk: ChunkDescriptor) -> set[str]:
+    """Return the custom ids of the chunk's request lines (read from its requests file)."""
+    with to_path(chunk["requests_path"]).open("rb") as handle:
+        return {str(orjson.loads(line).get("custom_id")) for line in handle if line.strip()}
 
 
 def _created_epoch(batch: Any) -> float:
@@ -175,9 +194,14 @@ class AnthropicBatchHook(BatchHook):
         """
         with to_path(chunk["requests_path"]).open("rb") as handle:
             requests = [orjson.loads(line) for line in handle if line.strip()]
-        batch = self._call(
-            f"{chunk['label']}: batch create",
-            lambda: self.client.messages.batches.create(requests=requests),
+        # Never resent when its outcome is unknown: the batch may exist, and without metadata only the
+        # task's retry can look for it (submit_once: find_existing, then owns). The SDK retries nothing.
+        client = self.client.with_options(max_retries=0)
+        batch = call_with_retries(
+            lambda: client.messages.batches.create(requests=requests),
+            what=f"{chunk['label']}: batch create",
+            classify=classify_unsent_create,
+            policy=self.retry_policy,
         )
         self.log.info("%s: created message batch %s", chunk["label"], batch.id)
         return str(batch.id)
@@ -185,9 +209,10 @@ class AnthropicBatchHook(BatchHook):
     def find_existing(
         self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
     ) -> list[BatchState]:
-        """Return batches created after ``since`` (minus clock skew) with the chunk's request count.
+        """Return batches created after ``since`` (minus clock skew) with the chunk's request count, newest first.
 
-        Without ``since`` nothing can be matched safely and nothing is returned.
+        Only candidates: chunks are usually all the same size, so a match may be another chunk's
+        batch. :meth:`owns` tells them apart. Without ``since`` nothing can be matched safely.
         """
         if since is None:
             return []
@@ -195,22 +220,35 @@ class AnthropicBatchHook(BatchHook):
         for batch in self._call("batch list", lambda: self.client.messages.batches.list(limit=100)):
             created = _created_epoch(batch)
             if created < since - CLOCK_SKEW_S:
-                break  # newest first: everything further is older
+                break  # newest first (the SDK pages on): everything further is older
             state = state_from_anthropic(batch)
             if state.counts.total == chunk["num_requests"]:
                 found.append(state)
-        if len(found) > 1:
-            # Another chunk of the same size may have been submitted in the same window: adopting
-            # the wrong batch would be worse than paying twice, so adopt nothing.
-            self.log.warning(
-                "%s: %d recent batches match by size and time (%s); cannot tell which is this chunk's, "
-                "so none is reused",
-                chunk["label"],
-                len(found),
-                [s.batch_id for s in found],
-            )
-            return []
         return found
+
+    def iter_unkeyed_batches(self, since: float) -> Iterator[BatchState]:
+        """Yield the batches created since ``since``, newest first (the SDK pages on)."""
+        for batch in self._call("batch list", lambda: self.client.messages.batches.list(limit=100)):
+            if _created_epoch(batch) < since:
+                return
+            yield state_from_anthropic(batch)
+
+    def owns(self, state: BatchState, chunk: ChunkDescriptor) -> bool | None:
+        """Prove from an ended batch's first result that it is ``chunk``'s: its custom_id is one of the chunk's.
+
+        Custom ids are row ids, unique across a job's chunks. A batch still running shows no
+        requests (the API has no such route): None, not known yet.
+        """
+        if not state.status.is_terminal:
+            return None
+        try:
+            first = next(self._stream_results(state.batch_id), None)
+        except Exception as exc:  # no results (a batch cancelled before any ran): nothing proves it
+            self.log.info("%s: batch %s has no readable results (%s)", chunk["label"], state.batch_id, exc)
+            return None
+        if first is None:
+            return None
+        return str(first.get("custom_id")) in chunk_custom_ids(chunk)
 
     def get_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state."""

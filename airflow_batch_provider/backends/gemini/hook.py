@@ -203,13 +203,23 @@ class GeminiBatchHook(BatchHook):
         if not input_file_id:
             raise ValueError(f"{chunk['label']}: a Gemini batch needs an uploaded file (see upload_file)")
         name = display_name(metadata, chunk["label"])
-        job = self._call(
+        key = metadata.get(IDEMPOTENCY_METADATA_KEY)
+        batch_id = self._call(
             f"{chunk['label']}: batch create for file {input_file_id}",
-            lambda: self.client.batches.create(model=chunk["model"], src=input_file_id, config={"display_name": name}),
+            lambda: str(
+                self.client.batches.create(model=chunk["model"], src=input_file_id, config={"display_name": name}).name
+            ),
             within=CREATE_WITHIN,
+            # A failed create may have made the batch (its answer lost): look its name up before resending.
+            recover=lambda exc: self._landed(key),
         )
-        self.log.info("%s: created Gemini batch %s from file %s", chunk["label"], job.name, input_file_id)
-        return str(job.name)
+        self.log.info("%s: created Gemini batch %s from file %s", chunk["label"], batch_id, input_file_id)
+        return batch_id
+
+    def _landed(self, key: str | None) -> str | None:
+        """Return the name of a live batch whose display name carries ``key`` (None: resend the create)."""
+        live = [job for job in self.find_batches(f"[{key}]") if not state_from_gemini(job).status.is_terminal]
+        return str(live[-1].name) if key and live else None
 
     def find_batches(self, suffix: str, *, max_pages: int = 10) -> list[Any]:
         """Return recent SDK batch jobs whose display name ends in ``suffix``, newest first."""
@@ -221,6 +231,19 @@ class GeminiBatchHook(BatchHook):
                 break
             self._call("batch list (next page)", pager.next_page)
         return sorted(found, key=lambda job: job.create_time.timestamp() if job.create_time else 0.0, reverse=True)
+
+    def iter_keyed_batches(self, since: float) -> Iterator[tuple[str, BatchState]]:
+        """Yield ``(key, state)`` of the batches created since ``since`` whose display name ends in ``[<key>]``."""
+        pager = self._call("batch list", lambda: self.client.batches.list(config={"page_size": 100}))
+        while True:
+            for job in pager.page:
+                name = job.display_name or ""
+                created = job.create_time.timestamp() if job.create_time else since
+                if created >= since and name.endswith("]") and "[" in name:
+                    yield name[name.rindex("[") + 1 : -1], state_from_gemini(job)
+            if not pager.config.get("page_token"):
+                return
+            self._call("batch list (next page)", pager.next_page)
 
     def find_existing(
         self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None

@@ -9,6 +9,7 @@ of the ``openai`` type made for Airflow's OpenAI provider works too (its
 
 from __future__ import annotations
 
+import time
 from collections.abc import Generator, Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -115,6 +116,13 @@ def _ended_at(batch: Any) -> float | None:
 CREATE_TIMEOUT = 60.0
 #: Seconds after which a failing create is not attempted again (the task fails; its retry reconciles).
 CREATE_WITHIN = 180.0
+#: Allowed clock difference between this worker and the provider when listing batches since an intent.
+CLOCK_SKEW_S = 300.0
+_DEAD = frozenset({BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.CANCELLING})
+
+
+def _dead(state: BatchState) -> bool:
+    return state.status in _DEAD
 
 
 class OpenAIBatchHook(BatchHook):
@@ -205,38 +213,70 @@ class OpenAIBatchHook(BatchHook):
         # created its own batch (both are then billed). Short attempts, no SDK retries of its own, and
         # no new attempt after CREATE_WITHIN seconds keep that window small; the submit and the sensor
         # reconcile what lands anyway (batches/submission.py: cancel_siblings).
+        # A failed attempt may still have made the batch (its answer lost): look the key up before
+        # sending it again, or the resend bills the chunk twice.
         client = self.client.with_options(timeout=CREATE_TIMEOUT, max_retries=0)
-        batch = call_with_retries(
-            lambda: client.batches.create(
-                input_file_id=input_file_id,
-                endpoint=chunk["endpoint"],  # type: ignore[arg-type]
-                completion_window="24h",
-                metadata=dict(metadata),
+        key, started = metadata.get(IDEMPOTENCY_METADATA_KEY), time.time()
+        batch_id = call_with_retries(
+            lambda: str(
+                client.batches.create(
+                    input_file_id=input_file_id,
+                    endpoint=chunk["endpoint"],  # type: ignore[arg-type]
+                    completion_window="24h",
+                    metadata=dict(metadata),
+                ).id
             ),
             what=f"{chunk['label']}: batch create for file {input_file_id}",
             classify=classify_openai_error,
             policy=self.retry_policy,
             within=CREATE_WITHIN,
+            recover=lambda exc: self._landed(key, started, exc),
         )
-        self.log.info("%s: created batch %s from file %s", chunk["label"], batch.id, input_file_id)
-        return str(batch.id)
+        self.log.info("%s: created batch %s from file %s", chunk["label"], batch_id, input_file_id)
+        return batch_id
 
-    def _iter_batches(self, *, max_pages: int) -> Iterator[Any]:
-        """Yield recent SDK batches, newest first, at most ``max_pages`` pages of 100."""
+    def _landed(self, key: str | None, since: float, exc: BaseException) -> str | None:
+        """Return the id of a live batch a failed create made after all (None: resend)."""
+        if not key or (isinstance(exc, openai.APIStatusError) and exc.status_code == 429):
+            return None  # a 429 was refused before anything was done
+        live = [s for s in self.find_batches(IDEMPOTENCY_METADATA_KEY, key, since=since) if not _dead(s)]
+        return live[-1].batch_id if live else None  # the oldest: the one a later resend would compete with
+
+    def _iter_batches(self, *, max_pages: int | None = None, since: float | None = None) -> Iterator[Any]:
+        """Yield SDK batches, newest first: at most ``max_pages`` pages of 100, and none older than ``since``.
+
+        Neither given: every batch of the organisation, page after page.
+        """
         page = self._call("batch list", lambda: self.client.batches.list(limit=100))
-        for number in range(max_pages):
-            yield from page.data
-            if number + 1 == max_pages or not page.has_next_page():
+        number = 0
+        while True:
+            for batch in page.data:
+                if since is not None and batch.created_at and batch.created_at < since - CLOCK_SKEW_S:
+                    return  # newest first: the rest is older still
+                yield batch
+            number += 1
+            if number == max_pages or not page.has_next_page():
                 return
             page = self._call("batch list (next page)", page.get_next_page)
 
-    def find_batches(self, metadata_key: str, value: str, *, max_pages: int = 10) -> list[BatchState]:
-        """Return recent batches whose ``metadata[metadata_key] == value`` (newest first)."""
+    def find_batches(self, metadata_key: str, value: str, *, since: float | None = None) -> list[BatchState]:
+        """Return the batches created since ``since`` (all without it) whose ``metadata[metadata_key] == value``.
+
+        Newest first. Every page is read down to ``since``: a cap on pages would miss the key in
+        an organisation that creates more batches than the cap between an intent and its retry.
+        """
         return [
             state_from_openai(batch)
-            for batch in self._iter_batches(max_pages=max_pages)
+            for batch in self._iter_batches(since=since)
             if (batch.metadata or {}).get(metadata_key) == value
         ]
+
+    def iter_keyed_batches(self, since: float) -> Iterator[tuple[str, BatchState]]:
+        """Yield ``(key, state)`` of the batches created since ``since`` whose metadata carries our key."""
+        for batch in self._iter_batches(since=since):
+            key = (batch.metadata or {}).get(IDEMPOTENCY_METADATA_KEY)
+            if key:
+                yield str(key), state_from_openai(batch)
 
     def in_flight_tokens(self, model: str, *, max_pages: int = 10) -> int:
         """Sum the estimated input tokens of non-terminal batches for ``model`` (see ``token_budget``).
@@ -254,8 +294,8 @@ class OpenAIBatchHook(BatchHook):
     def find_existing(
         self, idempotency_key: str, chunk: ChunkDescriptor, *, since: float | None = None
     ) -> list[BatchState]:
-        """Find batches whose metadata carries ``idempotency_key`` (see SubmitBatchOperator)."""
-        return self.find_batches(IDEMPOTENCY_METADATA_KEY, idempotency_key)
+        """Find batches whose metadata carries ``idempotency_key``, created since ``since`` (see submit_once)."""
+        return self.find_batches(IDEMPOTENCY_METADATA_KEY, idempotency_key, since=since)
 
     def get_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state."""

@@ -175,3 +175,13 @@ def test_display_name_fits_and_ends_in_the_key():
     key = "f" * 40
     name = display_name({IDEMPOTENCY_METADATA_KEY: key, "airflow_dag_id": "d" * 300}, "chunk 1/1 " + "x" * 300)
     assert len(name) <= 128 and name.endswith(f"[{key}]")
+
+
+def test_a_create_whose_answer_is_lost_is_looked_up_not_sent_again(gemini_hook, gemini_conn, tmp_path):
+    """The emulator makes the batch and answers 500: the hook finds it by its display name instead of resending."""
+    chunk = gemini_chunk(tmp_path, 3)
+    file_id = gemini_hook.upload_file(chunk["requests_path"])
+    gemini_conn.set_faults(lose_answer_routes={"POST /v1beta/models/{model}:batchGenerateContent": 1}, slow=30.0)
+    batch_id = gemini_hook.create_batch(chunk, input_file_id=file_id, metadata=_meta("key-lost"))
+    assert list(gemini_conn.gemini.runner.jobs) == [batch_id]
+    assert gemini_conn.stats()["http"]["answers_lost"] == 1

@@ -1,0 +1,56 @@
+"""A create whose outcome is unknown (answer lost, answered after the client's timeout, landed after
+the client hung up) must not be sent again before the key is looked up: one ``submit_once`` makes
+exactly one batch. Real OpenAI SDK over HTTP against the emulator's unkind switches.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from airflow_batch_provider.backends.openai import hook as openai_hook_module
+from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
+from airflow_batch_provider.batches.checkpoint import Checkpoint
+from airflow_batch_provider.batches.submission import batch_metadata, idempotency_key, submit_once
+from airflow_batch_provider.utils.retry import RetryPolicy
+from tests.support import InMemoryTaskStateStore, write_chunk
+
+log = logging.getLogger(__name__)
+CREATE = "POST /v1/batches"
+# Backoff of 2-4 s between attempts: longer than the holds below, so a create still on its way
+# when its client gave up has landed by the time the key is looked up.
+POLICY = RetryPolicy(attempts=4, base_delay=2.0, max_delay=4.0)
+
+
+def _submit(tmp_path, monkeypatch) -> str:
+    monkeypatch.setattr(openai_hook_module, "CREATE_TIMEOUT", 0.5)
+    chunk = write_chunk(tmp_path, [{"custom_id": f"u{i}", "text": f"t{i}"} for i in range(3)])
+    key = idempotency_key("dag", "run", "submit", 0, chunk["fingerprint"])
+    checkpoint = Checkpoint({"task_state_store": InMemoryTaskStateStore()}, "submit")
+    submitted = submit_once(
+        OpenAIBatchHook(retry_policy=POLICY),
+        chunk,
+        checkpoint=checkpoint,
+        key=key,
+        metadata=batch_metadata({}, key, "dag", "run", "submit[0]", chunk["label"]),
+        log=log,
+    )
+    return submitted["batch_id"]
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        pytest.param({"lose_answer_routes": {CREATE: 1}}, id="processed-answer-lost-500"),
+        pytest.param({"lose_answer_routes": {CREATE: 1}, "lose_answer_as": "drop"}, id="processed-connection-dropped"),
+        pytest.param({"delay_after_routes": {CREATE: 1.0}}, id="answered-after-the-client-timeout"),
+        pytest.param({"delay_routes": {CREATE: 1.0}, "process_after_hangup": True}, id="landed-after-hang-up"),
+    ],
+)
+def test_one_submit_makes_one_batch_whatever_happens_to_the_answer(openai_conn, tmp_path, monkeypatch, faults):
+    openai_conn.set_faults(slow=30.0, **faults)
+    batch_id = _submit(tmp_path, monkeypatch)
+    created = openai_conn.batches()
+    assert [b["id"] for b in created] == [batch_id], f"one create, one batch; the emulator holds {created}"
+    assert openai_conn.stats()["openai"]["batches_created"] == 1
