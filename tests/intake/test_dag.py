@@ -72,6 +72,8 @@ def test_one_group_through_the_pipeline(queue, stream_env, openai_conn, route, s
     stats = openai_conn.stats()
     if path == "server":
         assert stats["realtime"]["requests"] == 30 and stats["openai"]["batches_created"] == 0
+        # The group goes at batch priority (10): real-time traffic on the same vLLM server goes first.
+        assert stats["realtime"]["requests_by_priority"] == {"10": 30}
     else:
         assert stats["openai"]["batches_created"] == 1 and stats["realtime"]["requests"] == 0
 
