@@ -98,6 +98,8 @@ def test_killed_worker_loses_nothing_and_writes_nothing_twice(queue, tmp_path):
         finally:
             if first.poll() is None:
                 first.kill()
+        sent = emulator.stats()["realtime"]["requests_by_priority"]
+        assert set(sent) == {"10"} and sent["10"] >= N  # every request at batch priority, the held group twice
 
     rows = _rows(db)
     assert {r[0] for r in rows} == accepted
