@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import re
 import sqlite3
 import subprocess
 import sys
@@ -72,6 +75,72 @@ def test_a_path_runs_in_its_own_process(table: Path, tmp_path: Path) -> None:
     )
     result = json.loads(done.stdout)
     assert result["path"] == "chunk_reference" and result["rows"] == ROWS
+
+
+SUMMARY = re.compile(
+    r"bench: chunk_ratio=(?P<chunk_ratio>\S+) merge_ratio=(?P<merge_ratio>\S+) rss_1m_mb=(?P<rss_1m_mb>\S+) "
+    r"rss_5m_mb=(?P<rss_5m_mb>\S+) chunk_rss_1m_mb=(?P<chunk_rss_1m_mb>\S+) chunk_rss_5m_mb=(?P<chunk_rss_5m_mb>\S+) "
+    r"overhead_per_chunk_s=(?P<overhead>\S+) overhead_per_mapped_task_s=(?P<per_task>\S+)"
+)
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+@pytest.mark.scenario  # about a minute: eight measured paths, each in its own process
+def test_make_bench_records_and_prints_coherent_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``make bench``'s whole path at two tiny sizes: every figure there, finite, and consistent (no timing bound).
+
+    Rows counted equal rows asked at each size and path; rows/s and MB/s are the counts over the
+    seconds; each ratio is project over reference of the same stage and size; both chunk paths wrote
+    the same bytes; the summary line is the JSON's and is made of those results.
+    """
+    bench = tmp_path / "bench"
+    monkeypatch.setattr(run, "BENCH_DIR", bench)
+    monkeypatch.setattr(run, "LOG_DIR", tmp_path / "logs")
+    monkeypatch.setattr(run, "RESULTS_DIR", tmp_path / "results")
+    monkeypatch.setattr(data, "write_products", functools.partial(data.write_products, folder=bench))
+    sizes = [1_200, 2_500]
+    assert run.main(["--rows", ",".join(map(str, reversed(sizes))), "--dag-rows", "0", "--repeat", "1"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    record = json.loads((tmp_path / "results" / "latest.json").read_text())
+    assert len(list((tmp_path / "results").glob("bench-*.json"))) == 1
+    assert record["summary"] == printed[-1] and record["dag"] is None
+    assert {"nproc", "memory_gb", "cpu", "python", "pyarrow", "load_average", "load_average_after"} <= set(
+        record["machine"]
+    )
+    results = record["results"]
+    by_key = {(r["stage"], r["kind"], r["size"]): r for r in results}
+    assert len(results) == len(by_key) == 8
+    for (stage, kind, size), r in by_key.items():
+        assert r["path"] == f"{stage}_{kind}" and r["rows"] == size, r
+        assert all(_positive(r[f]) for f in ("seconds", "bytes", "peak_rss_mb", "rows_per_s", "mb_per_s")), r
+        assert r["rows_per_s"] == pytest.approx(r["rows"] / r["seconds"])
+        assert r["mb_per_s"] == pytest.approx(r["bytes"] / 1e6 / r["seconds"])
+        if kind == "reference":
+            assert "ratio" not in r
+        else:
+            reference = by_key[(stage, "reference", size)]
+            assert _positive(r["ratio"]) and r["ratio"] == pytest.approx(r["rows_per_s"] / reference["rows_per_s"])
+            assert r["bytes"] == reference["bytes"], (stage, size)  # the same requests written / outputs read
+    assert by_key[("chunk", "project", 2_500)]["bytes"] > by_key[("chunk", "project", 1_200)]["bytes"]
+
+    figures = SUMMARY.fullmatch(record["summary"])
+    assert figures is not None, record["summary"]
+    ratios = {stage: min(by_key[(stage, "project", n)]["ratio"] for n in sizes) for stage in ("chunk", "merge")}
+    assert float(figures["chunk_ratio"]) == pytest.approx(ratios["chunk"], abs=0.005)
+    assert float(figures["merge_ratio"]) == pytest.approx(ratios["merge"], abs=0.005)
+    for name, stage, size in (("rss_1m_mb", "merge", 1_200), ("rss_5m_mb", "merge", 2_500),
+                              ("chunk_rss_1m_mb", "chunk", 1_200), ("chunk_rss_5m_mb", "chunk", 2_500)):  # fmt: skip
+        assert float(figures[name]) == pytest.approx(by_key[(stage, "project", size)]["peak_rss_mb"], abs=0.5), name
+    assert figures["overhead"] == figures["per_task"] == "nan"  # --dag-rows 0: no DAG run measured, and it says so
+    table = record["table"].splitlines()
+    assert table[0].split()[:3] == ["stage", "rows", "path"] and len(table) == 2 + len(results)
+    assert record["table"] in "\n".join(printed)
+    assert not list(bench.glob("reference-*")), "the reference paths' scratch files were left behind"
 
 
 def _result(stage: str, kind: str, size: int, rows_per_s: float, rss: float, ratio: float | None) -> dict[str, Any]:

@@ -282,6 +282,7 @@ class OpenAIApi:
                     type="rate_limit_error",
                     headers={"retry-after": f"{wait:g}", "retry-after-ms": str(int(wait * 1000))},
                 )
+            self.store.realtime_priority(body)
             try:
                 self.store.scheduler.run(request_priority(body), self.config.realtime_delay)
                 try:

@@ -53,6 +53,8 @@ class Store:
         self.openai_batches: dict[str, OpenAIBatch] = {}
         self.anthropic_batches: dict[str, AnthropicBatch] = {}
         self.counters: dict[str, Counter[str]] = {name: Counter() for name in _SECTIONS}
+        # The realtime requests' ``priority`` field as received (JSON text; "absent"): what a client sent.
+        self.realtime_priorities: Counter[str] = Counter()
         self._ids = itertools.count()
         self._in_flight = 0
         self._delayed: Counter[tuple[str, str]] = Counter()
@@ -86,6 +88,12 @@ class Store:
             realtime["requests"] += 1
             realtime["realtime_max_concurrency"] = max(realtime["realtime_max_concurrency"], self._in_flight)
             return True
+
+    def realtime_priority(self, body: dict[str, Any]) -> None:
+        """Count the ``priority`` field of one realtime request body, as sent (``stats()["realtime"]``)."""
+        key = orjson.dumps(body["priority"]).decode()[:40] if "priority" in body else "absent"
+        with self.lock:
+            self.realtime_priorities[key] += 1
 
     def realtime_exit(self) -> None:
         """Mark one realtime request as finished."""
@@ -153,6 +161,7 @@ class Store:
             self.anthropic_batches.clear()
             for counter in self.counters.values():
                 counter.clear()
+            self.realtime_priorities.clear()
             self.faults = self.initial_faults
             self.dice.reset()
 
@@ -169,6 +178,7 @@ class Store:
             openai_status = Counter(b.status for b in self.openai_batches.values())
             anthropic_status = Counter(b.status for b in self.anthropic_batches.values())
             in_flight = self._in_flight
+            priorities = dict(self.realtime_priorities)
             delayed = [
                 {"phase": phase, "request": what, "count": count} for (phase, what), count in self._delayed.items()
             ]
@@ -215,6 +225,7 @@ class Store:
         result["openai"]["batches_by_status"] = dict(openai_status)
         result["anthropic"]["batches_by_status"] = dict(anthropic_status)
         result["realtime"]["in_flight"] = in_flight
+        result["realtime"]["requests_by_priority"] = priorities
         result["http"]["delayed_in_flight"] = sorted(delayed, key=lambda d: (d["phase"], d["request"]))
         result["http"]["delayed_calls"] = sorted(held, key=lambda d: d["id"])
         return result

@@ -122,9 +122,39 @@ def test_chunks_on_s3_are_published_with_the_manifest_last(s3: MotoS3) -> None:
     assert chunk_files == ["jobs/publish/chunks/chunk-00000.jsonl", "jobs/publish/chunks/chunk-00001.jsonl"]
 
 
+def _publish_code(staging: str, final: str, copy_delay: float) -> str:
+    """A child's code: publish ``staging`` as ``final``, each server-side copy followed by ``copy_delay`` s."""
+    return f"""
+import time
+from airflow_batch_provider.utils import storage
+fs = storage.to_path({final!r}).fs; copy = fs.copy
+fs.copy = lambda *a, **k: (copy(*a, **k), time.sleep({copy_delay!r}))
+print("publishing", flush=True)
+storage.publish_folder(storage.to_path({staging!r}), storage.to_path({final!r}), last={MANIFEST_NAME!r})
+print("done", flush=True)
+"""
+
+
+def _reader_view(s3: MotoS3, folder: str) -> tuple[bytes, set[str]] | None:
+    """One look by a reader: the manifest, the folder's listing, the manifest again.
+
+    ``None`` when there is no manifest or it changed during the look (the reader looks again);
+    else the manifest's bytes and the names listed while it stood.
+    """
+    client = s3.client()
+    try:
+        before = s3.get(f"{folder}/{MANIFEST_NAME}")
+        listing = {k.rsplit("/", 1)[1] for k in s3.keys(f"{folder}/")}
+        after = s3.get(f"{folder}/{MANIFEST_NAME}")
+    except client.exceptions.NoSuchKey:
+        return None
+    return (before, listing) if before == after else None
+
+
 def test_a_reader_never_sees_the_manifest_before_every_chunk_and_a_killed_publish_leaves_none(s3: MotoS3) -> None:
-    """A publisher killed between copies leaves ``chunks/`` without a manifest; meanwhile a reader
-    polling the folder sees the manifest only when every file it lists is there."""
+    """While a publish replaces a folder, every view a concurrent reader gets is the old folder whole
+    or the new folder whole (no missing file, no old file beside new ones); a publisher killed
+    between copies leaves ``chunks/`` without a manifest."""
     staging, final = s3.url("race", ".staging-x"), s3.url("race", "chunks")
     names = [f"chunk-{i:05d}.jsonl" for i in range(30)]
     client = s3.client()
@@ -132,43 +162,43 @@ def test_a_reader_never_sees_the_manifest_before_every_chunk_and_a_killed_publis
         client.put_object(Bucket=s3.bucket, Key=f"race/.staging-x/{name}", Body=name.encode())
     client.put_object(Bucket=s3.bucket, Key=f"race/chunks/{MANIFEST_NAME}", Body=b"old")
     client.put_object(Bucket=s3.bucket, Key="race/chunks/chunk-00099.jsonl", Body=b"old")
-    code = f"""
-from airflow_batch_provider.utils import storage
-print("publishing", flush=True)
-storage.publish_folder(storage.to_path({staging!r}), storage.to_path({final!r}), last={MANIFEST_NAME!r})
-print("done", flush=True)
-"""
+    complete = {
+        "old": (b"old", {MANIFEST_NAME, "chunk-00099.jsonl"}),
+        "new": (MANIFEST_NAME.encode(), {*names, MANIFEST_NAME}),
+    }
+    seen: list[str] = []
+
+    def look() -> None:
+        view = _reader_view(s3, "race/chunks")
+        if view is None:
+            seen.append("none")
+            return
+        kind = next((k for k, v in complete.items() if v == view), None)
+        assert kind is not None, f"a reader saw an incomplete folder: manifest {view[0]!r}, files {sorted(view[1])}"
+        seen.append(kind)
+
+    look()  # before the publish: the old folder, whole
+    # 50 ms after each copy: the publish lasts a few seconds, so the reader looks many times in between.
+    code = _publish_code(staging, final, 0.05)
     child = _child(s3, code)
-    complete_views = 0
     try:
         _wait_line(child, "publishing")
         deadline = time.monotonic() + 60
         while child.poll() is None and time.monotonic() < deadline:
-            # A reader's procedure: the manifest first, then the files it promises.
-            try:
-                manifest = s3.get(f"race/chunks/{MANIFEST_NAME}")
-            except client.exceptions.NoSuchKey:
-                continue
-            if manifest == MANIFEST_NAME.encode():  # the new one
-                listing = {k.rsplit("/", 1)[1] for k in s3.keys("race/chunks/")}
-                assert set(names) <= listing, f"the manifest is visible but {sorted(set(names) - listing)} are not"
-                complete_views += 1
+            look()
         assert child.wait(10) == 0
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
-    assert sorted(k.rsplit("/", 1)[1] for k in s3.keys("race/chunks/")) == sorted([*names, MANIFEST_NAME])
+    look()  # after it: the new folder, whole
+    assert seen[0] == "old" and seen[-1] == "new", seen
+    assert "none" in seen[1:-1], f"the reader never looked while the folder was being replaced: {seen}"
     assert s3.keys("race/.staging-x/") == []
 
     # Kill a publish part-way: the folder is left without a manifest, never complete-looking.
     for name in [*names, MANIFEST_NAME]:
         client.put_object(Bucket=s3.bucket, Key=f"race/.staging-y/{name}", Body=b"y")
-    slow = code.replace(".staging-x", ".staging-y").replace(
-        "storage.publish_folder",
-        f"import time; fs = storage.to_path({final!r}).fs; copy = fs.copy\n"
-        "fs.copy = lambda *a, **k: (copy(*a, **k), time.sleep(0.2))\nstorage.publish_folder",
-    )
-    child = _child(s3, slow)
+    child = _child(s3, _publish_code(s3.url("race", ".staging-y"), final, 0.2))
     try:
         _wait_line(child, "publishing")
         deadline = time.monotonic() + 60

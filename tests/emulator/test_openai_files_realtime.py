@@ -84,6 +84,18 @@ def test_realtime_chat_and_embeddings(client: openai.OpenAI, batch_emulator: Bat
         assert got.embedding == pytest.approx(want.embedding, abs=1e-6)
         assert math.isclose(sum(v * v for v in want.embedding), 1.0, rel_tol=1e-9)
     assert batch_emulator.stats()["realtime"]["requests"] == 3
+    assert batch_emulator.stats()["realtime"]["requests_by_priority"] == {"absent": 3}
+
+
+def test_realtime_stats_count_the_priority_field_as_sent(client: openai.OpenAI, batch_emulator: BatchEmulator) -> None:
+    """vLLM's ``priority`` request field, counted by the value a client sent (a test's way to see it was sent)."""
+    for priority in (10, 10, -1):
+        client.chat.completions.create(
+            model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}], extra_body={"priority": priority}
+        )
+    client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "Hi"}])
+    stats = batch_emulator.stats()["realtime"]
+    assert stats["requests_by_priority"] == {"10": 2, "-1": 1, "absent": 1} and stats["requests"] == 4
 
 
 def test_raw_embeddings_default_to_floats_and_honour_base64(batch_emulator: BatchEmulator) -> None:

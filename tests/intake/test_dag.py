@@ -15,6 +15,7 @@ import pytest
 
 from airflow_batch_provider.intake.producer import BatchQueueProducer
 from tests.conftest import REPO_ROOT
+from tests.intake.write_log import create_logged_table, writes
 
 pytestmark = pytest.mark.stream
 
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.stream
 @pytest.fixture
 def stream_env(openai_conn, tmp_path, monkeypatch, airflow_db):
     db = str(tmp_path / "results.sqlite")
+    create_logged_table(db, "stream_results")  # a duplicate write shows in writes(db), never in the keyed rows
     monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("AIRFLOW_CONN_STREAM_RESULTS_DB", json.dumps({"conn_type": "sqlite", "host": db}))
     server = {"conn_type": "openai_compatible", "host": openai_conn.openai_base_url}
@@ -63,13 +65,15 @@ def test_one_group_through_the_pipeline(queue, stream_env, openai_conn, route, s
     run = _dag().test(run_conf=conf)
     assert run.state == "success"
     rows = _rows(stream_env)
-    assert {r[0] for r in rows} == accepted and len(rows) == 30
+    assert {r[0] for r in rows} == accepted and writes(stream_env) == dict.fromkeys(accepted, 1)
     assert all(r[1] == "succeeded" and r[2] for r in rows)
     assert queue.stats().depth == 0  # acknowledged after the merge wrote them
     assert [orjson.loads(d["body"] + b"}") for d in queue.dead_letters()] == [{"request_id": "broken"}]
     stats = openai_conn.stats()
     if path == "server":
         assert stats["realtime"]["requests"] == 30 and stats["openai"]["batches_created"] == 0
+        # The group goes at batch priority (10): real-time traffic on the same vLLM server goes first.
+        assert stats["realtime"]["requests_by_priority"] == {"10": 30}
     else:
         assert stats["openai"]["batches_created"] == 1 and stats["realtime"]["requests"] == 0
 
@@ -96,5 +100,5 @@ def test_a_group_whose_output_was_not_written_is_not_acknowledged_and_comes_back
     again = _dag().test(run_conf=conf)  # a fresh parse (new sink); waits out the claim, takes the group again
     assert again.state == "success"
     rows = _rows(stream_env)
-    assert {r[0] for r in rows} == accepted and len(rows) == 10
+    assert {r[0] for r in rows} == accepted and writes(stream_env) == dict.fromkeys(accepted, 1)  # redone once
     assert queue.stats().depth == 0

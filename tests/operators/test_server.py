@@ -197,6 +197,16 @@ def test_an_unreadable_chunk_line_fails_the_task_naming_the_line(server_conn, tm
         _op(chunk).execute(make_context())
 
 
+def test_priority_reaches_the_server_in_every_request_body_and_none_sends_no_field(server_conn, tmp_path):
+    """The emulator counts the ``priority`` field each request body carried, as the server received it."""
+    chunk, _ = _chunk(tmp_path / "with", 12)
+    _op(chunk, priority=10).execute(make_context())
+    assert server_conn.stats()["realtime"]["requests_by_priority"] == {"10": 12}
+    chunk, _ = _chunk(tmp_path / "without", 5)
+    _op(chunk).execute(make_context())  # None: vLLM without --scheduling-policy priority refuses a non-zero one
+    assert server_conn.stats()["realtime"]["requests_by_priority"] == {"10": 12, "absent": 5}
+
+
 @pytest.mark.parametrize("value", [0, -1, 2.5, True], ids=["zero", "negative", "float", "bool"])
 def test_max_concurrency_must_be_a_positive_integer(value):
     with pytest.raises(InvalidInputError, match="max_concurrency"):
