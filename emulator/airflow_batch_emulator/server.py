@@ -69,6 +69,7 @@ class BatchEmulator:
         self.bedrock = BedrockApi(self.store, self.config)  # owns its job worker and S3 endpoint
         self.gemini = GeminiApi(self.store, self.config)  # owns its job worker (started by the first create)
         self._routes: list[_Route] = []
+        self._route_names: dict[tuple[str, str], str] = {}
         for method, pattern, handler in [
             *OpenAIApi(self.store, openai_runner, self.config).routes(),
             *AnthropicApi(self.store, anthropic_runner, self.config).routes(),
@@ -76,6 +77,8 @@ class BatchEmulator:
             *self.gemini.routes(),
         ]:
             self._routes.append((method, re.compile(pattern), handler))
+            # The route's name in stats (``routes``), as route delays spell it: ``GET /v1/batches/{batch_id}``.
+            self._route_names[method, pattern] = f"{method} " + re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern)
         self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -258,6 +261,8 @@ class BatchEmulator:
             match = pattern.fullmatch(req.path)
             if match and method == req.method:
                 req.params = match.groupdict()
+                # Per-route calls: how many status retrieves vs list calls a poller made.
+                self.store.bump("routes", self._route_names[method, pattern.pattern])
                 try:
                     response: Response = route(req)
                 except ApiError as exc:

@@ -21,7 +21,7 @@ from airflow_batch_emulator.faults import Faults, HttpDice
 from airflow_batch_emulator.records import AnthropicBatch, OpenAIBatch, StoredFile
 from airflow_batch_emulator.scheduling import RealtimeScheduler
 
-_SECTIONS = ("openai", "anthropic", "bedrock", "realtime", "http")
+_SECTIONS = ("openai", "anthropic", "bedrock", "realtime", "http", "routes")
 
 
 @dataclass
