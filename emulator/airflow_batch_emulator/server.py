@@ -325,6 +325,8 @@ class BatchEmulator:
                 return json_response({"error": str(exc)}, 400)
         if route == ("POST", "/_emulator/release"):
             return self._release(req)
+        if route == ("POST", "/_emulator/hurry"):
+            return json_response({"hurried": self.store.hurry()})
         if route == ("GET", "/_emulator/batches"):
             include = req.query.get("custom_ids", "") in ("1", "true")
             return json_response({"data": self.batches(include)})
