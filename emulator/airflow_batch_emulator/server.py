@@ -18,6 +18,7 @@ import logging
 import re
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl
@@ -306,10 +307,13 @@ class BatchEmulator:
 
     def _control(self, req: Request) -> Response:
         route = (req.method, req.path.rstrip("/"))
-        if route == ("GET", "/_emulator/stats"):
-            return json_response(self.stats())
-        if route == ("GET", "/_emulator/health"):
-            return json_response({"ok": True})
+        plain: dict[tuple[str, str], Callable[[], Any]] = {
+            ("GET", "/_emulator/stats"): self.stats,
+            ("GET", "/_emulator/health"): lambda: {"ok": True},
+            ("POST", "/_emulator/hurry"): lambda: {"hurried": self.store.hurry()},
+        }
+        if route in plain:
+            return json_response(plain[route]())
         if route == ("POST", "/_emulator/reset"):
             self.reset()
             return json_response({"ok": True})
@@ -325,8 +329,6 @@ class BatchEmulator:
                 return json_response({"error": str(exc)}, 400)
         if route == ("POST", "/_emulator/release"):
             return self._release(req)
-        if route == ("POST", "/_emulator/hurry"):
-            return json_response({"hurried": self.store.hurry()})
         if route == ("GET", "/_emulator/batches"):
             include = req.query.get("custom_ids", "") in ("1", "true")
             return json_response({"data": self.batches(include)})
