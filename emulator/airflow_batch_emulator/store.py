@@ -120,7 +120,9 @@ class Store:
         lets them finish at the normal pace.
         """
         with self.lock:
-            slowed = [b for b in [*self.openai_batches.values(), *self.anthropic_batches.values()] if b.faults.slow]
+            every: list[OpenAIBatch | AnthropicBatch] = [*self.openai_batches.values()]
+            every += self.anthropic_batches.values()
+            slowed = [batch for batch in every if batch.faults.slow]
             for batch in slowed:
                 batch.faults = replace(batch.faults, slow=0.0)
         self.wakeup.set()
