@@ -21,7 +21,9 @@ normal pace. One line per size::
   ``rss_growth_kb_per_batch`` against the idle triggerer before the run;
 - ``provider_calls_per_batch_per_poll``: batch status calls (list + retrieve routes, counted by
   the emulator) during the window / (chunks x window / poll_interval);
-- ``db_kb``: growth of the metadata database (``pg_database_size``) over the run, and per chunk.
+- ``db_kb``: growth of the metadata database (``pg_database_size``) over the run, and per chunk;
+- ``run_list_calls_per_chunk``: every batch list call of the whole run per chunk (the crash-safety
+  reconcile scans of the submit and the sensor list batches too; see docs/performance.md).
 
 Needs PostgreSQL on 127.0.0.1:5432 (user postgres, as the scheduler suite). Nothing here is part
 of ``make test``; tests/test_bench_scale.py checks the argument parsing and the line format.
@@ -110,9 +112,9 @@ def db_bytes(database: str) -> int:
         conn.close()
 
 
-def _status_calls(deployment: Any) -> int:
-    routes = deployment.emulator_get("/_emulator/stats")["routes"]
-    return sum(int(routes.get(route, 0)) for route in STATUS_ROUTES)
+def _status_calls(deployment: Any, routes: tuple[str, ...] = STATUS_ROUTES) -> int:
+    counted = deployment.emulator_get("/_emulator/stats")["routes"]
+    return sum(int(counted.get(route, 0)) for route in routes)
 
 
 def _deferred(deployment: Any, run_id: str) -> int:
@@ -133,6 +135,7 @@ def run_size(deployment: Any, chunks: int, args: argparse.Namespace) -> dict[str
     _, idle_rss = group_usage(triggerer)
     db_before = db_bytes(deployment.database)
     deployment.set_faults(slow=86400.0)  # snapshotted by each batch at creation; ended by the hurry below
+    lists_before = _status_calls(deployment, STATUS_ROUTES[:1])
     started = time.monotonic()
     deployment.trigger(
         DAG_ID,
@@ -165,6 +168,7 @@ def run_size(deployment: Any, chunks: int, args: argparse.Namespace) -> dict[str
     if state != "success":
         raise DeploymentError(f"run {run_id} ended {state}\n{deployment.diagnostics()}")
     db_growth = db_bytes(deployment.database) - db_before
+    lists = _status_calls(deployment, STATUS_ROUTES[:1]) - lists_before
     return {
         "chunks": chunks,
         "wall_s": round(wall, 1),
@@ -176,6 +180,8 @@ def run_size(deployment: Any, chunks: int, args: argparse.Namespace) -> dict[str
         "db_kb_per_chunk": round(db_growth / 1024 / chunks, 2),
         "rss_growth_kb_per_batch": round((rss - idle_rss) * 1024 / chunks, 1),
         "status_calls_in_window": calls,
+        # every batch list of the run (the submit's and the sensor's reconcile scans included), per chunk
+        "run_list_calls_per_chunk": round(lists / chunks, 2),
         "window_s": args.window,
         "poll_interval_s": args.poll_interval,
         "load_1m": round(os.getloadavg()[0], 2),
