@@ -76,6 +76,8 @@ def _concurrent_run(emulator: Any, provider: str, ids: list[str], list_route: st
     assert gets <= 2 * rounds, (gets, rounds)
     assert lists + gets < len(ids) * rounds / 3, (lists, gets, rounds)
     assert not _POLLERS or all(not pollers for pollers in _POLLERS.values())
+    # the shared SDK client was opened once and closed by the last trigger to leave
+    assert all(trigger.hook._async_client is None for trigger in triggers)
     return lists / rounds
 
 
