@@ -108,7 +108,8 @@ clean:
 
 # A real deployment (PostgreSQL, scheduler, dag-processor, triggerer, api-server; LocalExecutor) running the
 # example DAG with every chunk deferred at once: one `scale:` line per size (docs/performance.md). Needs
-# PostgreSQL on 127.0.0.1:5432. Long: on 2 shared cores ~4 min for 10 chunks, ~15 for 100 (SCALE_CHUNKS=10,100).
+# PostgreSQL on 127.0.0.1:5432. Long: on 2 busy shared cores (load ~10) 4 min for 10 chunks, 26 for 100
+# (SCALE_CHUNKS=10,100); 1,000 chunks takes hours there.
 SCALE_CHUNKS ?= 10,100,1000
 bench-scale: venv
 	$(PY) -m benchmarks.scale --chunks $(SCALE_CHUNKS)
