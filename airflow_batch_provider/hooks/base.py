@@ -13,8 +13,10 @@ Life of one chunk, and the methods each step calls:
    :meth:`create_batch`; with ``token_budget``, :meth:`in_flight_tokens` when
    :attr:`~BatchHook.supports_token_budget`.
 2. wait (BatchCompleteTrigger on the triggerer, BatchCompleteSensor when poking):
-   :meth:`aget_state` / :meth:`get_state`; :meth:`acancel` / :meth:`cancel` when a task is killed;
-   :meth:`aclose` when the trigger ends.
+   :meth:`aget_state` / :meth:`get_state`; :meth:`alist_states` when :attr:`~BatchHook.list_page_size`
+   is set and several batches of one connection wait in one triggerer (one list call answers them
+   all: :mod:`airflow_batch_provider.triggers.poller`); :meth:`acancel` / :meth:`cancel` when a task
+   is killed; :meth:`aclose` when the trigger ends.
 3. line retries (the sensor): :meth:`iter_failed_results`, then :meth:`iter_results` when lines
    have no result at all.
 4. merge (MergeResultsOperator): :meth:`iter_result_tables`.
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseHook
@@ -55,6 +57,8 @@ class BatchHook(BaseHook, ABC):
     exact_reconcile: ClassVar[bool] = False
     #: True when batches carry metadata and the provider caps enqueued tokens: in_flight_tokens works.
     supports_token_budget: ClassVar[bool] = False
+    #: Batches one page of :meth:`alist_states` holds; 0 (the default) when the backend lists none.
+    list_page_size: ClassVar[int] = 0
     _async_client: Any = None  # the async SDK client, once opened (see aclose)
 
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:
@@ -140,6 +144,16 @@ class BatchHook(BaseHook, ABC):
     @abstractmethod
     async def aget_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state without blocking the event loop."""
+
+    def alist_states(self) -> AsyncGenerator[list[BatchState], None]:
+        """Yield pages of this connection's batches, newest first (one list call per page), without blocking.
+
+        Each state must be as complete as :meth:`aget_state`'s for the same batch: a backend whose
+        list leaves something out (Gemini's counts of an ended batch) omits those batches, and the
+        poller retrieves them one by one. Only called when :attr:`list_page_size` is set; the
+        default raises.
+        """
+        raise NotImplementedError(f"the {self.provider} backend does not list its batches")
 
     @abstractmethod
     def cancel(self, batch_id: str) -> BatchState:

@@ -9,6 +9,10 @@ event, so ``execute_complete`` knows which attempt it is looking at even without
 state store. ``on_kill`` cancels the batch and leaves a marker in the job folder
 (``retries/cancelled/<batch_id>.json``): the triggerer cannot write the task's checkpoint,
 and a later run of the sensor must be able to tell "we cancelled it" from "someone else did".
+
+Triggers of one provider connection in one triggerer poll through one
+:class:`~airflow_batch_provider.triggers.poller.SharedPoller`: while several batches wait, one list
+call answers them all, instead of one status call per batch per interval.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from airflow_batch_provider.exceptions import BatchProviderError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.progress import apublish_progress, progress_record
+from airflow_batch_provider.triggers.poller import SharedPoller
 from airflow_batch_provider.utils.retry import NO_RETRY
 
 
@@ -123,17 +128,23 @@ class BatchCompleteTrigger(BaseTrigger):
         deployment: the hook is built in a worker thread (its first use imports the provider's SDK,
         a few hundred ms), and the hooks read their connection and build their async client off
         the loop too (:meth:`~airflow_batch_provider.hooks.base.BatchHook.aget_client`).
+        Polls go through this loop's shared poller of the connection, which closes the SDK client
+        when its last trigger leaves.
         """
         hook = await asyncio.to_thread(lambda: self.hook)
-        try:
-            async for event in self._poll(hook):
-                yield event
-        finally:
-            await close_async_client(hook, self.log)
-
-    async def _poll(self, hook: BatchHook) -> AsyncIterator[TriggerEvent]:
         if self.not_before is not None and self.not_before > time.time():
             await asyncio.sleep(self.not_before - time.time())
+        poller = SharedPoller.join(self.provider, self.conn_id, self.batch_id, hook)
+        try:
+            async for event in self._poll(poller):
+                yield event
+        finally:
+            await poller.leave(self.batch_id)
+            if poller.hook is not hook:  # only the shared hook polled; this one opened nothing, normally
+                await close_async_client(hook, self.log)
+
+    async def _poll(self, poller: SharedPoller) -> AsyncIterator[TriggerEvent]:
+        hook = poller.hook
         started = time.monotonic()
         errors_in_a_row = 0
         last_state: dict[str, Any] | None = None
@@ -141,7 +152,7 @@ class BatchCompleteTrigger(BaseTrigger):
         prefix = f"{self.label}: " if self.label else ""
         while True:
             try:
-                state = await hook.aget_state(self.batch_id)
+                state = await poller.poll(self.batch_id, fresh_within=self.poll_interval / 2)
             except BatchProviderError as exc:
                 errors_in_a_row += 1
                 self.log.warning(

@@ -37,8 +37,10 @@ SUCCEEDED, one latency apart) and downloads their result files; ``generateConten
 once. The key goes in ``x-goog-api-key``. Line faults as below (an expired line ends its whole
 job ``EXPIRED``). See :mod:`.gemini_api`.
 
-Control routes (no auth, never faulted): ``GET /_emulator/stats`` (counters),
+Control routes (no auth, never faulted): ``GET /_emulator/stats`` (counters; ``routes`` counts API calls per
+route, e.g. ``"GET /v1/batches/{batch_id}"``),
 ``POST /_emulator/reset`` (forget everything; faults back to the start-up switches),
+``POST /_emulator/hurry`` (running OpenAI and Anthropic batches drop their ``slow``: a held job ends now),
 ``GET|POST /_emulator/faults`` (read / replace the fault settings with a JSON object of the
 fields below), ``GET /_emulator/batches[?custom_ids=1]`` (``{"data": [...]}``: every batch of both providers
 with provider, id, status, ``custom_id_count``, ``polls`` and ``held``), ``GET /_emulator/health``.

@@ -21,6 +21,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl
@@ -72,6 +73,7 @@ class BatchEmulator:
         self.bedrock = BedrockApi(self.store, self.config)  # owns its job worker and S3 endpoint
         self.gemini = GeminiApi(self.store, self.config)  # owns its job worker (started by the first create)
         self._routes: list[_Route] = []
+        self._route_names: dict[tuple[str, str], str] = {}
         for method, pattern, handler in [
             *OpenAIApi(self.store, openai_runner, self.config).routes(),
             *AnthropicApi(self.store, anthropic_runner, self.config).routes(),
@@ -79,6 +81,8 @@ class BatchEmulator:
             *self.gemini.routes(),
         ]:
             self._routes.append((method, re.compile(pattern), handler))
+            # The route's name in stats (``routes``), as route delays spell it: ``GET /v1/batches/{batch_id}``.
+            self._route_names[method, pattern] = f"{method} " + re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", pattern)
         self._server: HttpServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -276,6 +280,8 @@ class BatchEmulator:
             match = pattern.fullmatch(req.path)
             if match and method == req.method:
                 req.params = match.groupdict()
+                # Per-route calls: how many status retrieves vs list calls a poller made.
+                self.store.bump("routes", self._route_names[method, pattern.pattern])
                 try:
                     response: Response = route(req)
                 except ApiError as exc:
@@ -329,10 +335,13 @@ class BatchEmulator:
 
     def _control(self, req: Request) -> Response:
         route = (req.method, req.path.rstrip("/"))
-        if route == ("GET", "/_emulator/stats"):
-            return json_response(self.stats())
-        if route == ("GET", "/_emulator/health"):
-            return json_response({"ok": True})
+        plain: dict[tuple[str, str], Callable[[], Any]] = {
+            ("GET", "/_emulator/stats"): self.stats,
+            ("GET", "/_emulator/health"): lambda: {"ok": True},
+            ("POST", "/_emulator/hurry"): lambda: {"hurried": self.store.hurry()},
+        }
+        if route in plain:
+            return json_response(plain[route]())
         if route == ("POST", "/_emulator/reset"):
             self.reset()
             return json_response({"ok": True})

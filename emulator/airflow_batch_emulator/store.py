@@ -12,7 +12,7 @@ import itertools
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -21,7 +21,7 @@ from airflow_batch_emulator.faults import Faults, HttpDice
 from airflow_batch_emulator.records import AnthropicBatch, OpenAIBatch, StoredFile
 from airflow_batch_emulator.scheduling import RealtimeScheduler
 
-_SECTIONS = ("openai", "anthropic", "bedrock", "realtime", "http")
+_SECTIONS = ("openai", "anthropic", "bedrock", "realtime", "http", "routes")
 
 
 @dataclass
@@ -120,6 +120,21 @@ class Store:
             if self._delayed[key] <= 0:
                 del self._delayed[key]
             self._held.pop(call.id, None)
+
+    def hurry(self) -> int:
+        """End the ``slow`` fault of every OpenAI and Anthropic batch now; return how many had one.
+
+        A benchmark holds every batch in progress until all of a job's chunks are deferred, then
+        lets them finish at the normal pace.
+        """
+        with self.lock:
+            every: list[OpenAIBatch | AnthropicBatch] = [*self.openai_batches.values()]
+            every += self.anthropic_batches.values()
+            slowed = [batch for batch in every if batch.faults.slow]
+            for batch in slowed:
+                batch.faults = replace(batch.faults, slow=0.0)
+        self.wakeup.set()
+        return len(slowed)
 
     def release(self, ids: list[int] | None = None) -> list[int]:
         """End the hold of the held calls ``ids`` (every held call when None) now; return the ids released.

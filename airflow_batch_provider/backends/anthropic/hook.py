@@ -14,7 +14,7 @@ adopted only provisionally and checked when it ends (see ``submit_once`` and the
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from functools import cached_property
 from typing import Any, ClassVar
 
@@ -136,6 +136,7 @@ class AnthropicBatchHook(BatchHook):
 
     conn_name_attr = "conn_id"
     default_conn_name: ClassVar[str] = "anthropic_batch_default"
+    list_page_size: ClassVar[int] = 100  # one list call answers up to 100 waiting batches
     conn_type = "anthropic_batch"
     hook_name = "Anthropic Message Batches"
 
@@ -260,6 +261,16 @@ class AnthropicBatchHook(BatchHook):
         client = await self.aget_client()
         batch = await self._acall(f"status of batch {batch_id}", lambda: client.messages.batches.retrieve(batch_id))
         return state_from_anthropic(batch)
+
+    async def alist_states(self) -> AsyncGenerator[list[BatchState], None]:
+        """Yield pages of recent batches, newest first (``messages.batches.list``, one call per page)."""
+        client = await self.aget_client()
+        page = await self._acall("batch list", lambda: client.messages.batches.list(limit=self.list_page_size))
+        while True:
+            yield [state_from_anthropic(batch) for batch in page.data]
+            if not page.has_next_page():
+                return
+            page = await self._acall("batch list (next page)", page.get_next_page)
 
     def cancel(self, batch_id: str) -> BatchState:
         """Ask Anthropic to cancel the batch (``canceling``, then ``ended`` with canceled results)."""

@@ -23,7 +23,7 @@ under the batch id ``ondemand/<job name>``. ``small_batches="refuse"`` raises in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from functools import cached_property
 from typing import Any, ClassVar, Literal
 
@@ -65,6 +65,7 @@ class BedrockBatchHook(BatchHook):
 
     conn_name_attr = "conn_id"
     default_conn_name: ClassVar[str] = "bedrock_batch_default"
+    list_page_size: ClassVar[int] = 100  # one list call answers up to 100 waiting batches
     conn_type = "bedrock_batch"
     hook_name = "Amazon Bedrock Batch Inference"
 
@@ -263,6 +264,25 @@ class BedrockBatchHook(BatchHook):
     async def aget_state(self, batch_id: str) -> BatchState:
         """Return the job's state without blocking the event loop (boto3 is sync: a worker thread)."""
         return await asyncio.to_thread(self.get_state, batch_id)
+
+    async def alist_states(self) -> AsyncGenerator[list[BatchState], None]:
+        """Yield pages of recent jobs, newest first (ListModelInvocationJobs in a worker thread, boto3 is sync).
+
+        On-demand answers (under the per-job minimum) are no jobs: the poller reads those one by one.
+        """
+        kwargs: dict[str, Any] = {
+            "sortBy": "CreationTime",
+            "sortOrder": "Descending",
+            "maxResults": self.list_page_size,
+        }
+        while True:
+            page = await asyncio.to_thread(
+                self._call, "job list", lambda kw=dict(kwargs): self.bedrock.list_model_invocation_jobs(**kw)
+            )
+            yield [state_from_job(summary) for summary in page.get("invocationJobSummaries", [])]
+            if not page.get("nextToken"):
+                return
+            kwargs["nextToken"] = page["nextToken"]
 
     def cancel(self, batch_id: str) -> BatchState:
         """Stop the job (StopModelInvocationJob; only processed tokens are billed); return its state."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from contextlib import suppress
 from typing import Any, ClassVar
 
@@ -101,6 +101,7 @@ class GeminiBatchHook(BatchHook):
 
     conn_name_attr = "conn_id"
     default_conn_name: ClassVar[str] = "gemini_default"
+    list_page_size: ClassVar[int] = 100  # one list call answers up to 100 waiting batches
     conn_type = "gemini"
     hook_name = "Google Gemini Batch API"
 
@@ -282,6 +283,28 @@ class GeminiBatchHook(BatchHook):
             policy=self.retry_policy,
         )
         return with_operation(state, orjson.loads(raw.body or "{}"))
+
+    async def alist_states(self) -> AsyncGenerator[list[BatchState], None]:
+        """Yield pages of recent batches (``batches.list``, one call per page), running ones only.
+
+        A listed job has no request counts: an ended one is left out, and the poller retrieves it
+        (:meth:`aget_state` reads its counts once, at the end).
+        """
+        client = await self.aget_client()
+        pager = await acall_with_retries(
+            lambda: client.batches.list(config={"page_size": self.list_page_size}),
+            what="batch list",
+            classify=classify_gemini_error,
+            policy=self.retry_policy,
+        )
+        while True:
+            states = [state_from_gemini(job) for job in pager.page]
+            yield [state for state in states if not state.status.is_terminal]
+            if not pager.config.get("page_token"):
+                return
+            await acall_with_retries(
+                pager.next_page, what="batch list (next page)", classify=classify_gemini_error, policy=self.retry_policy
+            )
 
     def cancel(self, batch_id: str) -> BatchState:
         """Ask Gemini to cancel the batch (the SDK's cancel answers nothing), then return its state."""

@@ -10,7 +10,7 @@ of the ``openai`` type made for Airflow's OpenAI provider works too (its
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -136,6 +136,7 @@ class OpenAIBatchHook(BatchHook):
 
     conn_name_attr = "conn_id"
     default_conn_name: ClassVar[str] = "openai_batch_default"
+    list_page_size: ClassVar[int] = 100  # one list call answers up to 100 waiting batches
     conn_type = "openai_batch"
     hook_name = "OpenAI Batch"
 
@@ -313,6 +314,26 @@ class OpenAIBatchHook(BatchHook):
             policy=self.retry_policy,
         )
         return state_from_openai(batch)
+
+    async def alist_states(self) -> AsyncGenerator[list[BatchState], None]:
+        """Yield pages of recent batches, newest first (``batches.list``, one call per page)."""
+        client = await self.aget_client()
+        page = await acall_with_retries(
+            lambda: client.batches.list(limit=self.list_page_size),
+            what="batch list",
+            classify=classify_openai_error,
+            policy=self.retry_policy,
+        )
+        while True:
+            yield [state_from_openai(batch) for batch in page.data]
+            if not page.has_next_page():
+                return
+            page = await acall_with_retries(
+                page.get_next_page,
+                what="batch list (next page)",
+                classify=classify_openai_error,
+                policy=self.retry_policy,
+            )
 
     def cancel(self, batch_id: str) -> BatchState:
         """Ask OpenAI to cancel the batch (it moves to ``cancelling``, then ``cancelled``)."""

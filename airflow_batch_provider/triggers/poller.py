@@ -1,0 +1,127 @@
+"""SharedPoller: one list call answers every batch of a provider connection waiting in this triggerer.
+
+Each deferred chunk runs its own :class:`~airflow_batch_provider.triggers.batch.BatchCompleteTrigger`;
+polled one by one, 1,000 deferred batches at a 60 s interval are ~17 status calls a second against
+the provider's rate limit, most of them answering "still running". Within one event loop (one
+triggerer process), the triggers of one ``(provider, conn_id)`` share one poller instead:
+
+- while two or more batches wait, a poll reads the provider's batch list
+  (:meth:`~airflow_batch_provider.hooks.base.BatchHook.alist_states`, as many pages as the waiting
+  batches can fill, plus two) and answers every waiting batch it covers; a list taken less than
+  half a poll interval ago answers without a new call, and a list already under way is awaited;
+- a batch the list does not cover (older than the pages read, an on-demand answer, a Gemini batch
+  that ended), a lone waiting batch, and a backend without a list (``list_page_size == 0``) are
+  retrieved one by one (:meth:`~airflow_batch_provider.hooks.base.BatchHook.aget_state`), as before;
+- a list call that fails is logged and every batch is retrieved on its own for that round, so a
+  retrieve that fails still counts against its own trigger's ``max_poll_errors`` and no other's.
+
+All calls go through one hook (the first trigger's), so the triggerer keeps one SDK client and one
+connection pool per provider connection, not one per deferred batch; it is closed when the last
+trigger leaves. Triggers still fire their own events and cancel their own batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from airflow_batch_provider.exceptions import BatchProviderError
+
+if TYPE_CHECKING:
+    from airflow_batch_provider.hooks.base import BatchHook
+    from airflow_batch_provider.status import BatchState
+
+log = logging.getLogger(__name__)
+
+#: One registry per event loop: a poller's SDK client belongs to the loop that opened it.
+_POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], SharedPoller]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class SharedPoller:
+    """The poller of one ``(provider, conn_id)`` in one event loop; get it with :meth:`join`."""
+
+    def __init__(self, key: tuple[str, str], hook: BatchHook) -> None:
+        self.key = key
+        self.hook = hook
+        self.waiting: dict[str, int] = {}  # batch id -> triggers waiting on it (a rerun may double up)
+        self.list_calls = 0  # for tests and benchmarks: list pages read
+        self._listed: dict[str, BatchState] | None = None  # the last list round; None: none yet, or it failed
+        self._listed_at = float("-inf")
+        self._round: asyncio.Future[dict[str, BatchState] | None] | None = None
+
+    @classmethod
+    def join(cls, provider: str, conn_id: str, batch_id: str, hook: BatchHook) -> SharedPoller:
+        """Return this loop's poller for the connection (``hook`` becomes its hook when it is the first)."""
+        pollers = _POLLERS.setdefault(asyncio.get_running_loop(), {})
+        poller = pollers.get((provider, conn_id))
+        if poller is None:
+            poller = pollers[provider, conn_id] = cls((provider, conn_id), hook)
+        poller.waiting[batch_id] = poller.waiting.get(batch_id, 0) + 1
+        return poller
+
+    async def leave(self, batch_id: str) -> None:
+        """Stop polling ``batch_id``; the last trigger to leave closes the shared SDK client."""
+        left = self.waiting.get(batch_id, 0) - 1
+        if left > 0:
+            self.waiting[batch_id] = left
+            return
+        self.waiting.pop(batch_id, None)
+        if self.waiting:
+            return
+        pollers = _POLLERS.get(asyncio.get_running_loop(), {})
+        if pollers.get(self.key) is self:
+            del pollers[self.key]
+        try:
+            await self.hook.aclose()
+        except Exception as exc:  # closing must never turn a finished poll into a failure
+            log.warning("could not close the %s client of batch polling: %s", self.hook.provider, exc)
+
+    async def poll(self, batch_id: str, fresh_within: float) -> BatchState:
+        """Return ``batch_id``'s state: from a list no older than ``fresh_within`` seconds, else retrieved.
+
+        Raises :class:`~airflow_batch_provider.exceptions.BatchProviderError` only for this batch's
+        own retrieve.
+        """
+        if self.hook.list_page_size > 0 and len(self.waiting) > 1:
+            listed = await self._list(fresh_within)
+            state = listed.get(batch_id) if listed else None
+            if state is not None:
+                return state
+        return await self.hook.aget_state(batch_id)
+
+    async def _list(self, fresh_within: float) -> dict[str, BatchState] | None:
+        if time.monotonic() - self._listed_at <= fresh_within:
+            return self._listed
+        if self._round is None:
+            self._round = asyncio.ensure_future(self._read_list())
+        # shield: a trigger cancelled mid-poll (its task killed) must not cancel the others' round
+        return await asyncio.shield(self._round)
+
+    async def _read_list(self) -> dict[str, BatchState] | None:
+        started = time.monotonic()
+        wanted = set(self.waiting)
+        max_pages = len(wanted) // self.hook.list_page_size + 2
+        found: dict[str, BatchState] = {}
+        try:
+            async with contextlib.aclosing(self.hook.alist_states()) as pages:
+                number = 0
+                async for page in pages:
+                    number += 1
+                    self.list_calls += 1
+                    found.update((state.batch_id, state) for state in page if state.batch_id in wanted)
+                    if len(found) == len(wanted) or number >= max_pages:
+                        break
+        except BatchProviderError as exc:
+            log.warning("listing %s batches failed, polling each batch on its own this round: %s", self.key[0], exc)
+            self._listed, self._listed_at = None, started
+            return None
+        finally:
+            self._round = None
+        self._listed, self._listed_at = found, started
+        return found
