@@ -33,7 +33,7 @@ import openai
 from airflow.sdk import BaseHook
 from airflow.sdk.log import mask_secret
 
-from airflow_batch_provider.backends.openai.hook import classify_openai_error
+from airflow_batch_provider.backends.openai.states import classify_openai_error
 from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.sdk_clients import new_client
 from airflow_batch_provider.self_hosted.output_lines import ResultCounts, error_line, success_line

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook, map_openai_status
+from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
+from airflow_batch_provider.backends.openai.states import map_openai_status
 from airflow_batch_provider.exceptions import ProviderCallError, UnknownBatchStatusError
 from airflow_batch_provider.status import BatchStatus
 from airflow_batch_provider.utils.retry import RetryPolicy

@@ -14,102 +14,34 @@ from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import httpx2
 import openai
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_batch_provider.backends.openai import OPENAI_LIMITS
+from airflow_batch_provider.backends.openai.states import (
+    classify_openai_error,
+    is_dead,
+    map_openai_status,
+    state_from_openai,
+)
 from airflow_batch_provider.batches.token_budget import tokens_from_metadata
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
-from airflow_batch_provider.exceptions import UnknownBatchStatusError
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
 from airflow_batch_provider.hooks.sdk_clients import anew_client, connection_client_kwargs, new_client
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_openai_line
-from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
+from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.utils.retry import (
     RetryPolicy,
     acall_with_retries,
     call_with_retries,
     iter_with_restarts,
-    retry_after_seconds,
 )
 from airflow_batch_provider.utils.storage import to_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
-
-_STATUS_MAP: dict[str, BatchStatus] = {
-    "validating": BatchStatus.VALIDATING,
-    "in_progress": BatchStatus.IN_PROGRESS,
-    "finalizing": BatchStatus.FINALIZING,
-    "completed": BatchStatus.COMPLETED,
-    "failed": BatchStatus.FAILED,
-    "expired": BatchStatus.EXPIRED,
-    "cancelling": BatchStatus.CANCELLING,
-    "cancelled": BatchStatus.CANCELLED,
-}
-
-
-def map_openai_status(status: str | None, batch_id: str) -> BatchStatus:
-    """Map an OpenAI batch status to :class:`BatchStatus`; raise on a status we do not know."""
-    try:
-        return _STATUS_MAP[status or ""]
-    except KeyError:
-        raise UnknownBatchStatusError(
-            f"OpenAI batch {batch_id} reports status {status!r}, which this provider does not know "
-            f"(known: {sorted(_STATUS_MAP)}). Upgrade airflow-batch-provider or report it."
-        ) from None
-
-
-def classify_openai_error(exc: BaseException) -> tuple[bool, float | None]:
-    """Say whether an SDK error is worth another attempt, and how long the server asked us to wait.
-
-    A connection that breaks while a result file is streaming surfaces as the transport's own
-    error (``httpx2.TransportError``), not the SDK's: it is retryable too.
-    """
-    if isinstance(exc, openai.APIConnectionError | httpx2.TransportError):  # includes timeouts
-        return True, None
-    if isinstance(exc, openai.APIStatusError):
-        retryable = exc.status_code in (408, 409, 429) or exc.status_code >= 500
-        return retryable, retry_after_seconds(exc.response.headers)
-    return False, None
-
-
-def state_from_openai(batch: Any) -> BatchState:
-    """Build a :class:`BatchState` from an SDK ``Batch`` object."""
-    counts = batch.request_counts
-    errors: tuple[dict[str, Any], ...] = ()
-    if batch.errors is not None and batch.errors.data:
-        errors = tuple(
-            {"code": e.code, "line": e.line, "message": e.message, "param": e.param} for e in batch.errors.data
-        )
-    return BatchState(
-        batch_id=batch.id,
-        provider="openai",
-        status=map_openai_status(batch.status, batch.id),
-        provider_status=batch.status,
-        counts=RequestCounts(
-            total=counts.total if counts else 0,
-            completed=counts.completed if counts else 0,
-            failed=counts.failed if counts else 0,
-        ),
-        output_file_id=batch.output_file_id,
-        error_file_id=batch.error_file_id,
-        errors=errors,
-        created_at=float(batch.created_at) if batch.created_at else None,
-        ended_at=_ended_at(batch),
-    )
-
-
-def _ended_at(batch: Any) -> float | None:
-    """Return when an OpenAI batch reached its terminal status (epoch seconds), or None while it runs."""
-    for name in ("completed_at", "failed_at", "expired_at", "cancelled_at"):
-        value = getattr(batch, name, None)
-        if value:
-            return float(value)
-    return None
 
 
 #: Seconds one batch-create request may take (a small JSON POST; uploads keep the client's 600 s).
@@ -118,11 +50,6 @@ CREATE_TIMEOUT = 60.0
 CREATE_WITHIN = 180.0
 #: Allowed clock difference between this worker and the provider when listing batches since an intent.
 CLOCK_SKEW_S = 300.0
-_DEAD = frozenset({BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.CANCELLING})
-
-
-def _dead(state: BatchState) -> bool:
-    return state.status in _DEAD
 
 
 class OpenAIBatchHook(BatchHook):
@@ -240,7 +167,7 @@ class OpenAIBatchHook(BatchHook):
         """Return the id of a live batch a failed create made after all (None: resend)."""
         if not key or (isinstance(exc, openai.APIStatusError) and exc.status_code == 429):
             return None  # a 429 was refused before anything was done
-        live = [s for s in self.find_batches(IDEMPOTENCY_METADATA_KEY, key, since=since) if not _dead(s)]
+        live = [s for s in self.find_batches(IDEMPOTENCY_METADATA_KEY, key, since=since) if not is_dead(s)]
         return live[-1].batch_id if live else None  # the oldest: the one a later resend would compete with
 
     def _iter_batches(self, *, max_pages: int | None = None, since: float | None = None) -> Iterator[Any]:
