@@ -69,7 +69,8 @@ def killer(workers: Workers, stub: StubServer, stop: threading.Event, every: int
     """
     mark = stub.requests
     while not stop.is_set():
-        mark += random.randint(every // 2, every + every // 2)
+        # ±25 %: at most 4 random kills per 3 x ``every`` requests, each costing at most one request
+        mark += random.randint(every * 3 // 4, every * 5 // 4)
         while not stop.is_set() and stub.requests < mark:
             stop.wait(0.02)
         if not stop.wait(random.uniform(0.0, 0.3)):
