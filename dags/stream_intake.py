@@ -30,10 +30,9 @@ import orjson
 from airflow.sdk import DAG, Param, task
 
 from airflow_batch_provider.operators.chunk import ChunkOperator
-from airflow_batch_provider.operators.intake import AckGroupOperator, CollectGroupOperator
+from airflow_batch_provider.operators.intake import AckGroupOperator, CollectGroupOperator, GroupSubmitBatchOperator
 from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
-from airflow_batch_provider.operators.submit import SubmitBatchOperator
 from airflow_batch_provider.sensors.batch import BatchCompleteSensor
 from airflow_batch_provider.sensors.intake import QueueGroupSensor
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
@@ -105,7 +104,8 @@ with DAG(
     served = ServerGenerateOperator.partial(
         task_id="server_generate", conn_id="{{ params.server_conn_id }}", priority=BATCH_PRIORITY, max_concurrency=16
     ).expand(chunk=chunks.output)
-    submitted = SubmitBatchOperator.partial(task_id="submit").expand(chunk=chunks.output)
+    # keyed by the group, not the run: a run that takes a failed run's group again reuses its batch
+    submitted = GroupSubmitBatchOperator.partial(task_id="submit", group=group.output).expand(chunk=chunks.output)
     finished = BatchCompleteSensor.partial(task_id="wait", poll_interval=5).expand(batch=submitted.output)
     routed >> [served, submitted]
 

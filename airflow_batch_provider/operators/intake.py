@@ -9,7 +9,10 @@
 The group's messages stay claimed (SQS visibility timeout / Redis pending entry) from
 ``collect_group`` until ``ack_group``, which runs only when the merge wrote every row: a
 failure or crash anywhere in between lets the claim expire and a later run takes the group
-again; the merge's sink upserts by request id, so nothing is written twice.
+again; the merge's sink upserts by request id, so nothing is written twice. On the batch route
+:class:`GroupSubmitBatchOperator` keys the provider batch by the group (its message ids), not
+by the run: the later run that takes the group again reattaches to the batch the failed run
+paid for instead of creating a second one.
 """
 
 from __future__ import annotations
@@ -24,10 +27,16 @@ import pyarrow.parquet as pq
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_batch_provider.batches.checkpoint import Checkpoint
+from airflow_batch_provider.batches.submission import batch_metadata, idempotency_key, submit_once, task_ids
+from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
 from airflow_batch_provider.intake.aggregator import Aggregator, GroupPolicy
 from airflow_batch_provider.intake.queues import open_queue
 from airflow_batch_provider.intake.sizing import IntakeMetrics
 from airflow_batch_provider.job_folder import default_work_dir, sanitise_path_part
+from airflow_batch_provider.links import remember_batch_url
+from airflow_batch_provider.metrics import BatchMetrics
+from airflow_batch_provider.operators.submit import CHECKPOINT_KEY, SubmitBatchOperator
 
 
 def policy_from(max_items: int | str, max_wait: float | str, claim_seconds: float | str) -> GroupPolicy:
@@ -119,6 +128,59 @@ class AckGroupOperator(BaseOperator):
             queue.ack(receipts)
         self.log.info("group %s: acknowledged %d message(s)", self.group["group_id"], len(receipts))
         return len(receipts)
+
+
+class GroupSubmitBatchOperator(SubmitBatchOperator):
+    """SubmitBatchOperator whose idempotency key names the queue group instead of the DAG run.
+
+    A run that fails after its batch was created leaves the group's messages claimed; when
+    the claim lapses, a later run (a new run id) collects the same messages, so the same
+    ``group_id`` (a hash of their message ids) and the same chunk fingerprint. Keyed by the
+    run, :func:`submit_once` would find no batch for the new run's key and pay a second one;
+    keyed by the group, it finds the first run's batch at the provider and reattaches. A
+    group that comes back with other messages (new ones joined it) is another group, and
+    another batch: only the exact same set of messages reuses a batch.
+
+    :param group: CollectGroupOperator's return value (its ``group_id``), templated.
+    """
+
+    template_fields: Sequence[str] = (*SubmitBatchOperator.template_fields, "group")
+
+    def __init__(self, *, group: dict[str, Any] | Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.group = group
+
+    def execute(self, context: Context) -> SubmittedBatch:
+        """Submit the chunk once per group (any run), or reattach to the batch an earlier run created."""
+        chunk: ChunkDescriptor = self.chunk  # type: ignore[assignment]
+        group_id = self.group.get("group_id") if isinstance(self.group, dict) else None
+        if not isinstance(group_id, str) or not group_id.startswith("g-"):
+            raise ValueError(
+                f"{self.task_id}: 'group' must be collect_group's output with a group_id like 'g-…', got "
+                f"{self.group!r}; pass group=<collect_group>.output"
+            )
+        if chunk["num_requests"] == 0:
+            return {**chunk, "batch_id": ""}
+        hook = self.hook
+        dag_id, run_id, map_index = task_ids(context, str(self.dag_id))
+        # the group stands where the run id stands in SubmitBatchOperator's key
+        key = idempotency_key(dag_id, group_id, self.task_id, map_index, chunk["fingerprint"])
+        metadata = batch_metadata(self.metadata, key, dag_id, run_id, f"{self.task_id}[{map_index}]", chunk["label"])
+        metrics = BatchMetrics.from_context(context, provider=chunk["provider"], model=chunk["model"])
+        submitted = submit_once(
+            hook,
+            chunk,
+            checkpoint=Checkpoint(context, CHECKPOINT_KEY),
+            key=key,
+            metadata=metadata,
+            log=self.log,
+            prepare=lambda: self._prepare(chunk),
+            metrics=metrics,
+        )
+        self.log.info("%s (group %s): batch %s", chunk["label"], group_id, submitted["batch_id"])
+        remember_batch_url(self, hook.batch_url(submitted["batch_id"]))
+        metrics.requests_in_flight(chunk["num_requests"], chunk_index=chunk["chunk_index"])
+        return submitted
 
 
 def _write_bytes(path: str, data: bytes) -> None:

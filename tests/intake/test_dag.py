@@ -102,3 +102,42 @@ def test_a_group_whose_output_was_not_written_is_not_acknowledged_and_comes_back
     rows = _rows(stream_env)
     assert {r[0] for r in rows} == accepted and writes(stream_env) == dict.fromkeys(accepted, 1)  # redone once
     assert queue.stats().depth == 0
+
+
+def test_a_run_that_takes_a_failed_runs_group_again_reuses_its_batch(queue, stream_env, openai_conn, monkeypatch):
+    """Issue 26 item 7: the batch route fails after its batch was created (the merge cannot write).
+
+    The next run (a new run id) collects the same messages, so the same group: its submit
+    finds the first run's batch at the emulator by the group's idempotency key and follows it.
+    One batch created in all, each row once.
+    """
+    producer = BatchQueueProducer(queue)
+    accepted = {producer.submit(f"question {i}") for i in range(12)}
+    conf = {"queue": queue.config(), "max_items": 64, "max_wait": 0, "route": "batch", "claim_seconds": 2}
+    good = json.dumps({"conn_type": "sqlite", "host": stream_env})
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_STREAM_RESULTS_DB", json.dumps({"conn_type": "sqlite", "host": "/nonexistent/x.db"})
+    )
+    dag = _dag()
+    for task in dag.tasks:
+        task.retries = 0
+    failed = dag.test(run_conf=conf)
+    assert failed.state == "failed"
+    states = {ti.task_id: ti.state for ti in failed.get_task_instances()}
+    assert states["submit"] == "success" and states["merge"] == "failed"
+    assert openai_conn.stats()["openai"]["batches_created"] == 1
+    monkeypatch.setenv("AIRFLOW_CONN_STREAM_RESULTS_DB", good)
+    again = _dag().test(run_conf=conf)
+    assert again.state == "success" and again.run_id != failed.run_id
+    assert openai_conn.stats()["openai"]["batches_created"] == 1  # the first run's batch, not a second bill
+    rows = _rows(stream_env)
+    assert {r[0] for r in rows} == accepted and len(rows) == 12
+    assert queue.stats().depth == 0
+
+
+def test_group_submit_refuses_a_missing_group():
+    from airflow_batch_provider.operators.intake import GroupSubmitBatchOperator
+
+    op = GroupSubmitBatchOperator(task_id="submit", chunk={"num_requests": 1}, group={"table": "x"})
+    with pytest.raises(ValueError, match="group_id"):
+        op.execute({})
