@@ -27,16 +27,11 @@ import pyarrow.parquet as pq
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_batch_provider.batches.checkpoint import Checkpoint
-from airflow_batch_provider.batches.submission import batch_metadata, idempotency_key, submit_once, task_ids
-from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
 from airflow_batch_provider.intake.aggregator import Aggregator, GroupPolicy
 from airflow_batch_provider.intake.queues import open_queue
 from airflow_batch_provider.intake.sizing import IntakeMetrics
 from airflow_batch_provider.job_folder import default_work_dir, sanitise_path_part
-from airflow_batch_provider.links import remember_batch_url
-from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.operators.submit import CHECKPOINT_KEY, SubmitBatchOperator
+from airflow_batch_provider.operators.submit import SubmitBatchOperator
 
 
 def policy_from(max_items: int | str, max_wait: float | str, claim_seconds: float | str) -> GroupPolicy:
@@ -150,37 +145,15 @@ class GroupSubmitBatchOperator(SubmitBatchOperator):
         super().__init__(**kwargs)
         self.group = group
 
-    def execute(self, context: Context) -> SubmittedBatch:
-        """Submit the chunk once per group (any run), or reattach to the batch an earlier run created."""
-        chunk: ChunkDescriptor = self.chunk  # type: ignore[assignment]
+    def key_scope(self, run_id: str) -> str:
+        """Return the group's id: the group stands where the run id stands in SubmitBatchOperator's key."""
         group_id = self.group.get("group_id") if isinstance(self.group, dict) else None
         if not isinstance(group_id, str) or not group_id.startswith("g-"):
             raise ValueError(
                 f"{self.task_id}: 'group' must be collect_group's output with a group_id like 'g-…', got "
                 f"{self.group!r}; pass group=<collect_group>.output"
             )
-        if chunk["num_requests"] == 0:
-            return {**chunk, "batch_id": ""}
-        hook = self.hook
-        dag_id, run_id, map_index = task_ids(context, str(self.dag_id))
-        # the group stands where the run id stands in SubmitBatchOperator's key
-        key = idempotency_key(dag_id, group_id, self.task_id, map_index, chunk["fingerprint"])
-        metadata = batch_metadata(self.metadata, key, dag_id, run_id, f"{self.task_id}[{map_index}]", chunk["label"])
-        metrics = BatchMetrics.from_context(context, provider=chunk["provider"], model=chunk["model"])
-        submitted = submit_once(
-            hook,
-            chunk,
-            checkpoint=Checkpoint(context, CHECKPOINT_KEY),
-            key=key,
-            metadata=metadata,
-            log=self.log,
-            prepare=lambda: self._prepare(chunk),
-            metrics=metrics,
-        )
-        self.log.info("%s (group %s): batch %s", chunk["label"], group_id, submitted["batch_id"])
-        remember_batch_url(self, hook.batch_url(submitted["batch_id"]))
-        metrics.requests_in_flight(chunk["num_requests"], chunk_index=chunk["chunk_index"])
-        return submitted
+        return group_id
 
 
 def _write_bytes(path: str, data: bytes) -> None:

@@ -98,7 +98,7 @@ class SubmitBatchOperator(BaseOperator):
             return {**chunk, "batch_id": ""}
         hook = self.hook
         dag_id, run_id, map_index = task_ids(context, str(self.dag_id))
-        key = idempotency_key(dag_id, run_id, self.task_id, map_index, chunk["fingerprint"])
+        key = idempotency_key(dag_id, self.key_scope(run_id), self.task_id, map_index, chunk["fingerprint"])
         metadata = batch_metadata(self.metadata, key, dag_id, run_id, f"{self.task_id}[{map_index}]", chunk["label"])
         metrics = BatchMetrics.from_context(context, provider=chunk["provider"], model=chunk["model"])
         submitted = submit_once(
@@ -115,6 +115,10 @@ class SubmitBatchOperator(BaseOperator):
         remember_batch_url(self, hook.batch_url(submitted["batch_id"]))
         metrics.requests_in_flight(chunk["num_requests"], chunk_index=chunk["chunk_index"])
         return submitted
+
+    def key_scope(self, run_id: str) -> str:
+        """Return what the idempotency key is scoped to beside the DAG, task and chunk: the run (subclasses: more)."""
+        return run_id
 
     def resume_after_budget_wait(
         self, context: Context, event: Any = None, budget_wait_since: float | None = None
