@@ -44,7 +44,11 @@ class IntakeServer:
         saved = {k: os.environ.get(k) for k in self.env}
         os.environ.update(self.env)
         try:
+            # Airflow caches the token signer per process (functools.cache): one made earlier in this
+            # test session, under another deployment's secret, would sign tokens this server refuses.
+            SimpleAuthManager._get_token_signer.cache_clear()
             token = SimpleAuthManager().generate_jwt(SimpleAuthManagerUser(username=username, role=role))
+            SimpleAuthManager._get_token_signer.cache_clear()
         finally:
             for key, value in saved.items():
                 if value is None:
