@@ -118,7 +118,10 @@ def scoped_request_id(user: Any, request_id: str) -> str:
 
 
 def parse_submission(body: bytes, user: Any) -> IntakeRequest:
-    """Decode a ``POST /v1/requests`` body with the queue's decoder; raise ``MalformedMessageError`` (400)."""
+    """Decode a ``POST /v1/requests`` body with the queue's decoder; raise ``MalformedMessageError`` (400).
+
+    A message over the queue's cap raises 413 (``HTTPException``) instead.
+    """
     try:
         data = orjson.loads(body)  # strict JSON: NaN, Infinity and lone surrogates are refused here
     except orjson.JSONDecodeError as exc:
@@ -135,18 +138,16 @@ def parse_submission(body: bytes, user: Any) -> IntakeRequest:
         )
     else:
         data["request_id"] = scoped_request_id(user, own)
-    return IntakeRequest.decode(orjson.dumps(data))
-
-
-def check_message_size(message: IntakeRequest) -> None:
-    """Raise 413 when the message would be over the queue's cap (what ``IntakeRequest.encode`` refuses)."""
-    size = len(orjson.dumps({"request_id": message.request_id, "prompt": message.prompt}))
-    if size > MAX_MESSAGE_BYTES:
+    message = orjson.dumps(data)
+    # The decoder refuses an oversized message too (as a malformed one, for the queue's dead letters);
+    # here it is the caller's to shorten: 413, before the decoder answers 400.
+    if len(message) > MAX_MESSAGE_BYTES:
         raise HTTPException(
             413,
-            f"request {message.request_id}: the message is {size:,} bytes, over the {MAX_MESSAGE_BYTES:,}-byte cap; "
-            "shorten the prompt or send it through a table instead",
+            f"request {data['request_id']}: the message is {len(message):,} bytes, over the "
+            f"{MAX_MESSAGE_BYTES:,}-byte cap; shorten the prompt or send it through a table instead",
         )
+    return IntakeRequest.decode(message)
 
 
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
@@ -193,7 +194,6 @@ def create_app(
             message = parse_submission(body, user)
         except MalformedMessageError as exc:
             raise HTTPException(400, exc.reason) from None
-        check_message_size(message)
         try:
             request_id = await asyncio.to_thread(producer.submit, message.prompt, message.request_id)
         except QueueFullError as exc:
