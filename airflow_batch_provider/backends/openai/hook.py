@@ -121,6 +121,10 @@ class OpenAIBatchHook(BatchHook):
     def _call(self, what: str, fn: Any) -> Any:
         return call_with_retries(fn, what=what, classify=classify_openai_error, policy=self.retry_policy)
 
+    async def _acall(self, what: str, fn: Any) -> Any:
+        """Async twin of :meth:`_call` (``fn`` returns an awaitable)."""
+        return await acall_with_retries(fn, what=what, classify=classify_openai_error, policy=self.retry_policy)
+
     # -- interface ----------------------------------------------------------------------------------
     def upload_file(self, path: str, *, chunk_label: str = "") -> str:
         """Upload a JSONL chunk file with purpose ``batch``; return the file id (streamed, not read whole)."""
@@ -234,33 +238,18 @@ class OpenAIBatchHook(BatchHook):
     async def aget_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state using the async client."""
         client = await self.aget_client()
-        batch = await acall_with_retries(
-            lambda: client.batches.retrieve(batch_id),
-            what=f"status of batch {batch_id}",
-            classify=classify_openai_error,
-            policy=self.retry_policy,
-        )
+        batch = await self._acall(f"status of batch {batch_id}", lambda: client.batches.retrieve(batch_id))
         return state_from_openai(batch)
 
     async def alist_states(self) -> AsyncGenerator[list[BatchState], None]:
         """Yield pages of recent batches, newest first (``batches.list``, one call per page)."""
         client = await self.aget_client()
-        page = await acall_with_retries(
-            lambda: client.batches.list(limit=self.list_page_size),
-            what="batch list",
-            classify=classify_openai_error,
-            policy=self.retry_policy,
-        )
+        page = await self._acall("batch list", lambda: client.batches.list(limit=self.list_page_size))
         while True:
             yield [state_from_openai(batch) for batch in page.data]
             if not page.has_next_page():
                 return
-            page = await acall_with_retries(
-                page.get_next_page,
-                what="batch list (next page)",
-                classify=classify_openai_error,
-                policy=self.retry_policy,
-            )
+            page = await self._acall("batch list (next page)", page.get_next_page)
 
     def cancel(self, batch_id: str) -> BatchState:
         """Ask OpenAI to cancel the batch (it moves to ``cancelling``, then ``cancelled``)."""
@@ -271,12 +260,7 @@ class OpenAIBatchHook(BatchHook):
     async def acancel(self, batch_id: str) -> BatchState:
         """Async twin of :meth:`cancel`."""
         client = await self.aget_client()
-        batch = await acall_with_retries(
-            lambda: client.batches.cancel(batch_id),
-            what=f"cancel of batch {batch_id}",
-            classify=classify_openai_error,
-            policy=self.retry_policy,
-        )
+        batch = await self._acall(f"cancel of batch {batch_id}", lambda: client.batches.cancel(batch_id))
         return state_from_openai(batch)
 
     def _stream_file_lines(self, file_id: str) -> Generator[bytes]:
