@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from airflow_batch_provider import metrics as metrics_module
 from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.jobs.__main__ import main
-from airflow_batch_provider.jobs.reconcile import served_keys
+from airflow_batch_provider.jobs.reconcile import Submission, served_keys, submissions
 from tests.backends.gemini.conftest import gemini_conn  # noqa: F401  (the fixture)
 from tests.conftest import wait_terminal
 from tests.support import write_chunk
@@ -105,6 +106,9 @@ def test_served_keys_takes_only_well_formed_checkpoint_records():
         ("batch_submission", None),
     ]
     assert served_keys(rows) == {"k1": "b1", "k2": "b2"}
+    hostile = [("batch_submission", json.dumps({"idempotency_key": "k5", "batch_id": "b5", "num_requests": "9",
+                                                "unsure_since": True, "usd_per_request": -1}))]  # fmt: skip
+    assert submissions(hostile) == [Submission("k5", "b5")]  # ill-typed fields are dropped, not trusted
 
 
 def test_the_maintenance_dag_runs_the_command_hourly():
@@ -135,7 +139,7 @@ def test_reconcile_covers_gemini_by_display_name(gemini_conn, tmp_path):  # noqa
     file_id = hook.upload_file(chunk["requests_path"])
     meta = {"airflow_idempotency_key": "key-g", "airflow_dag_id": "nightly"}
     kept, late = (hook.create_batch(chunk, input_file_id=file_id, metadata=meta) for _ in range(2))
-    found = reconcile(hook, {"key-g": kept}, since=0.0, metrics=metrics_module.BatchMetrics(
+    found = reconcile(hook, [Submission("key-g", kept)], since=0.0, metrics=metrics_module.BatchMetrics(
         provider="gemini", model="any", stats=InMemoryStats()))  # fmt: skip
     assert [(d.batch_id, d.served_by, d.cancelled) for d in found] == [(late, kept, True)]
     assert wait_terminal(hook, late).status.value == "cancelled"
@@ -154,8 +158,61 @@ def test_reconcile_reports_an_ended_anthropic_duplicate_by_its_rows(anthropic_co
     stranger = anthropic_hook.submit(other, metadata={})["batch_id"]
     for batch_id in (served, late, stranger):
         wait_terminal(anthropic_hook, batch_id)
-    found = reconcile_unkeyed(anthropic_hook, {served}, since=0.0, metrics=metrics_module.BatchMetrics(
+    found = reconcile_unkeyed(anthropic_hook, [Submission("k", served, "anthropic")], since=0.0, metrics=metrics_module.BatchMetrics(
         provider="anthropic", model="any", stats=stats))  # fmt: skip
     assert [(d.batch_id, d.served_by, d.cancelled) for d in found] == [(late, served, False)]
     assert "its rows are served by" in found[0].line() and "could not be cancelled" in found[0].line()
     assert [(stat, count) for _, stat, count, _ in stats.calls] == [("llm_batch.late_duplicate_batches", 1)]
+
+
+def test_a_late_anthropic_create_after_an_unsure_one_is_cancelled_with_its_cost(
+    anthropic_conn, anthropic_hook, tmp_path
+):
+    """The issue's case without a key: chunk A's first create had an unknown outcome, its retry made A's batch;
+    A's first create lands later. No checkpoint names it, its size is A's and it came after the unsure create:
+    cancelled, with an ALERT that says what it cost. Other batches of that size that no unsure create explains,
+    and every batch while a create of that size may still be in flight, are left alone."""
+    from airflow_batch_provider.batches.checkpoint import Checkpoint
+    from airflow_batch_provider.batches.submission import submit_once
+    from airflow_batch_provider.jobs.reconcile import reconcile_unkeyed
+    from tests.batches.test_anthropic_adoption import _chunk, _submit
+    from tests.support import InMemoryTaskStateStore
+
+    stats = InMemoryStats()
+    anthropic_conn.set_faults(slow=60.0)
+    a, b = _chunk(tmp_path, 0), _chunk(tmp_path, 1)
+    a["cost_expected_usd"] = 0.04  # 4 requests: $0.01 each
+    store = InMemoryTaskStateStore()
+    store.set("submit", {"fingerprint": a["fingerprint"], "idempotency_key": "k", "intent_at": time.time() - 5})
+    served = _submit(anthropic_hook, a, store)["batch_id"]  # the retry: nothing to adopt yet, creates A's batch
+    record = store.get("submit")
+    assert record["batch_id"] == served and record["unsure_since"] <= time.time() - 5
+    assert (record["provider"], record["num_requests"], record["usd_per_request"]) == ("anthropic", 4, 0.01)
+    b_batch = _submit(anthropic_hook, b, InMemoryTaskStateStore())["batch_id"]  # B, sure: named by its record
+    late = anthropic_hook.create_batch(a, input_file_id=None, metadata={})  # A's first create, landing now
+    rows = [("batch_submission", json.dumps(record)),
+            ("batch_submission", json.dumps({"idempotency_key": "kb", "batch_id": b_batch, "provider": "anthropic",
+                                             "num_requests": 4}))]  # fmt: skip
+
+    pending = [*submissions(rows), Submission("kc", None, "anthropic", 4, intent_at=time.time())]
+    assert (
+        reconcile_unkeyed(
+            anthropic_hook,
+            pending,
+            since=0.0,
+            metrics=metrics_module.BatchMetrics(provider="anthropic", model="any", stats=stats),
+        )
+        == []
+    )  # fmt: skip  (a create of that size in flight)
+    found = reconcile_unkeyed(anthropic_hook, submissions(rows), since=0.0, metrics=metrics_module.BatchMetrics(
+        provider="anthropic", model="any", stats=stats))  # fmt: skip
+    assert [(d.batch_id, d.served_by, d.cancelled) for d in found] == [(late, served, True)]
+    assert "cancelled; cost: 0 of 4 request(s) had run (billed, ≈ $0.0000 at the chunk's expected price)" in (
+        found[0].line()
+    )
+    assert wait_terminal(anthropic_hook, late, timeout=10).status.value == "cancelled"
+    for batch_id in (served, b_batch):
+        assert not anthropic_hook.get_state(batch_id).status.is_terminal
+    counted = [(stat, count) for kind, stat, count, _ in stats.calls if kind == "incr"]
+    assert counted == [("llm_batch.late_duplicate_batches", 1), ("llm_batch.duplicate_batches_cancelled", 1)]
+    assert Checkpoint and submit_once  # the real submit path wrote the record read above

@@ -13,9 +13,15 @@ it is reported all the same. A key with no checkpoint (the run's store was clear
 alone: nothing says which of its batches is the one a run used.
 
 Backends: those whose hook lists batches by key
-(:meth:`~airflow_batch_provider.hooks.base.BatchHook.iter_keyed_batches`; OpenAI and Gemini); for
-Anthropic, whose batches carry no key, :func:`reconcile_unkeyed` reports ended duplicates by their rows. The DAG
-``batch_maintenance`` runs it hourly. See docs/durability.md.
+(:meth:`~airflow_batch_provider.hooks.base.BatchHook.iter_keyed_batches`; OpenAI and Gemini) match
+exactly. Anthropic's batches carry no key, so :func:`reconcile_unkeyed` matches what the checkpoints
+say instead: a live batch that no checkpoint names, of the request count of a chunk whose create once
+had an unknown outcome (``unsure_since``, recorded by the retry that found only an intent), created
+after that create, is that create landing late: cancelled. It is not done while a create of that size
+is still in flight somewhere (its batch would look the same), and a workspace shared with other
+Anthropic batch users could, in principle, hold a stranger of the same size and time: that is the
+price of a key-less API (docs/durability.md). Ended duplicates are proven by their rows and reported.
+The DAG ``batch_maintenance`` runs it hourly.
 """
 
 from __future__ import annotations
@@ -29,14 +35,54 @@ from typing import Any
 
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.status import BatchStatus
+from airflow_batch_provider.status import BatchState, BatchStatus
 
 log = logging.getLogger(__name__)
 
 #: Checkpoint keys whose records name a key's batch: the submit's, and the sensor's follow-ups.
 SUBMIT_CHECKPOINT = "batch_submission"
 FOLLOW_UP_PREFIX = "batch_wait."
+#: Allowed clock difference between the worker that recorded a time and the provider that stamps a batch.
+CLOCK_SKEW_S = 120.0
+#: An intent with no batch yet younger than this may be a create still on its way: its size is left alone.
+IN_FLIGHT_S = 3600.0
+UNSURE = "no checkpoint names it; it has the size of a create whose outcome was unknown, made after it, whose chunk is"
 _DEAD = frozenset({BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.CANCELLING})
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One checkpoint record: the batch that serves a chunk's key, and what matching a stray batch needs."""
+
+    key: str
+    batch_id: str | None
+    provider: str | None = None
+    num_requests: int | None = None
+    unsure_since: float | None = None  # an earlier create's outcome was unknown from this time on
+    intent_at: float | None = None
+    usd_per_request: float | None = None  # the chunk's expected price per request
+
+    @classmethod
+    def parse(cls, value: str | None) -> Submission | None:
+        """Read one stored record; anything malformed (hostile input like any stored value) is None."""
+        try:
+            record = json.loads(value or "")
+        except (TypeError, ValueError):
+            return None
+        if not isinstance(record, dict) or not _text(record.get("idempotency_key")):
+            return None
+        return cls(record["idempotency_key"], _text(record.get("batch_id")), _text(record.get("provider")),
+                   _number(record.get("num_requests"), int), _number(record.get("unsure_since"), float),
+                   _number(record.get("usd_per_request"), float), _number(record.get("intent_at"), float))  # fmt: skip
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _number(value: Any, kind: type) -> Any:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+    return kind(value) if ok else None
 
 
 @dataclass(frozen=True)
@@ -51,37 +97,39 @@ class Duplicate:
     requests_run: int
     requests_total: int
     cancelled: bool
+    usd_per_request: float | None = None
+    why: str = ""  # how it was told from the served batch, when not by its key
+
+    @property
+    def cost_usd(self) -> float | None:
+        """What the requests that had run cost, at the chunk's expected price (None: unpriced)."""
+        return None if self.usd_per_request is None else self.requests_run * self.usd_per_request
 
     def line(self) -> str:
         """The ALERT line for the log."""
         action = "cancelled" if self.cancelled else f"already {self.status}, could not be cancelled"
-        whose = f"its key {self.key[:12]}… is" if self.key else "its rows are"
+        whose = f"its key {self.key[:12]}… is" if self.key else (self.why or "its rows are")
+        price = "" if self.cost_usd is None else f", ≈ ${self.cost_usd:,.4f} at the chunk's expected price"
         return (
             f"ALERT late duplicate {self.provider} batch {self.batch_id}: {whose} served by "
             f"batch {self.served_by}; {action}; cost: {self.requests_run:,} of {self.requests_total:,} "
-            "request(s) had run (billed)"
+            f"request(s) had run (billed{price})"
         )
 
 
-def served_keys(rows: Iterable[tuple[str, str | None]]) -> dict[str, str]:
-    """Return ``idempotency key -> batch id`` from checkpoint rows ``(store key, JSON value)``.
+def submissions(rows: Iterable[tuple[str, str | None]]) -> list[Submission]:
+    """Return the submission records among checkpoint rows ``(store key, JSON value)``."""
+    found = (Submission.parse(value) for name, value in rows if _is_submission(name))
+    return [record for record in found if record is not None]
 
-    Rows are hostile input like any stored value: anything that is not a record with a string
-    key and a string batch id is skipped.
-    """
-    served: dict[str, str] = {}
-    for name, value in rows:
-        if name != SUBMIT_CHECKPOINT and not name.startswith(FOLLOW_UP_PREFIX):
-            continue
-        try:
-            record = json.loads(value or "")
-        except (TypeError, ValueError):
-            continue
-        if isinstance(record, dict):
-            key, batch_id = record.get("idempotency_key"), record.get("batch_id")
-            if isinstance(key, str) and isinstance(batch_id, str) and key and batch_id:
-                served[key] = batch_id
-    return served
+
+def _is_submission(name: str) -> bool:
+    return name == SUBMIT_CHECKPOINT or name.startswith(FOLLOW_UP_PREFIX)
+
+
+def served_keys(rows: Iterable[tuple[str, str | None]]) -> dict[str, str]:
+    """Return ``idempotency key -> batch id`` from checkpoint rows (records with no batch yet are left out)."""
+    return {record.key: record.batch_id for record in submissions(rows) if record.batch_id}
 
 
 def checkpoint_rows(database: str | None = None) -> list[tuple[str, str | None]]:
@@ -104,61 +152,104 @@ def checkpoint_rows(database: str | None = None) -> list[tuple[str, str | None]]
 
 def reconcile(
     hook: BatchHook,
-    served: Mapping[str, str],
+    records: Iterable[Submission],
     *,
     since: float,
     dry_run: bool = False,
     metrics: BatchMetrics | None = None,
 ) -> list[Duplicate]:
-    """Cancel the live batches created after ``since`` whose key ``served`` maps to another batch; return all found."""
+    """Cancel the live batches created after ``since`` whose key a record maps to another batch; return all found."""
+    served = {record.key: record for record in records if record.batch_id}
     found: list[Duplicate] = []
     for key, state in hook.iter_keyed_batches(since):
         keep = served.get(key)
-        if keep is None or keep == state.batch_id or state.status in _DEAD:
+        if keep is None or keep.batch_id == state.batch_id or state.status in _DEAD:
             continue
-        cancel = not state.status.is_terminal and not dry_run
-        if cancel:
-            state = hook.cancel(state.batch_id)
-        duplicate = Duplicate(hook.provider, state.batch_id, key, keep, state.provider_status,
-                              state.counts.completed + state.counts.failed, state.counts.total, cancel)  # fmt: skip
-        log.warning("%s", duplicate.line())
-        found.append(duplicate)
-    metrics = metrics or BatchMetrics(provider=hook.provider, model="any", dag_id="batch_maintenance")
-    metrics.late_duplicates(len(found), sum(d.cancelled for d in found))
+        found.append(_settle(hook, state, key, keep, dry_run))
+    _count(hook, found, metrics)
     return found
 
 
 def reconcile_unkeyed(
-    hook: BatchHook, served: set[str], *, since: float, metrics: BatchMetrics | None = None
+    hook: BatchHook,
+    records: Iterable[Submission],
+    *,
+    since: float,
+    dry_run: bool = False,
+    metrics: BatchMetrics | None = None,
 ) -> list[Duplicate]:
-    """Report the ended batches since ``since`` that hold rows of a checkpointed (``served``) batch; return them.
+    """Find the late duplicates among batches that carry no key (Anthropic); cancel the live ones; return all.
 
-    For a backend with no key on its batches (Anthropic): a batch is a duplicate of a served one
-    when its first result's custom id is among the served batch's (custom ids are row ids). Only
-    ended batches can be read, and an ended batch cannot be cancelled: these are reported (ALERT,
-    metric), never cancelled. A batch still running is looked at by a later run.
+    A live batch is one when no record names it and it matches an unsure create (see the module
+    docstring). An ended batch is one when its first result's custom id is among the rows of a
+    served batch of its size (custom ids are row ids): reported, as it cannot be cancelled.
     """
-    batches = list(hook.iter_unkeyed_batches(since))
-    ended = [s for s in batches if s.status.is_terminal and s.status is not BatchStatus.CANCELLED]
+    records = list(records)
+    claimed = {record.batch_id for record in records if record.batch_id}
+    mine = [record for record in records if record.provider in (None, hook.provider)]
+    recent = time.time() - IN_FLIGHT_S
+    in_flight = {r.num_requests for r in mine if not r.batch_id and (r.intent_at or 0) > recent}
+    listed = list(hook.iter_unkeyed_batches(since))
+    strays = [state for state in listed if state.batch_id not in claimed]
+    found = []
+    for state in strays:
+        if state.status.is_terminal or state.counts.total in in_flight:
+            continue
+        if (owner := _unsure_owner(state, mine)) is not None:
+            found.append(_settle(hook, state, UNSURE, owner, dry_run))
+    ended = [s for s in strays if s.status.is_terminal and s.status is not BatchStatus.CANCELLED]
+    found += _ended_by_rows(hook, ended, [s for s in listed if s.batch_id in claimed])
+    _count(hook, found, metrics)
+    return found
+
+
+def _unsure_owner(state: BatchState, records: list[Submission]) -> Submission | None:
+    """Return the record whose unsure create ``state`` may be: same size, created after it (None: none).
+
+    The latest such create is named (the nearest in time is the likeliest sender).
+    """
+    for record in sorted(records, key=lambda r: -(r.unsure_since or 0.0)):
+        if record.unsure_since is None or record.num_requests != state.counts.total or not record.batch_id:
+            continue
+        if state.created_at is not None and state.created_at >= record.unsure_since - CLOCK_SKEW_S:
+            return record
+    return None
+
+
+def _ended_by_rows(hook: BatchHook, ended: list[BatchState], owners: list[BatchState]) -> list[Duplicate]:
+    """Return the ``ended`` unclaimed batches whose first row belongs to one of ``owners`` of the same size."""
     rows: dict[str, set[str]] = {}  # served batch -> its custom ids, read once
     found: list[Duplicate] = []
     for state in ended:
-        if state.batch_id in served:
-            continue
         first = next((r["custom_id"] for r in hook.iter_results(state)), None)
-        for owner in (s for s in ended if s.batch_id in served and s.counts.total == state.counts.total):
+        for owner in (o for o in owners if o.status.is_terminal and o.counts.total == state.counts.total):
             if owner.batch_id not in rows:
                 rows[owner.batch_id] = {r["custom_id"] for r in hook.iter_results(owner)}
             if first is not None and first in rows[owner.batch_id]:
-                duplicate = Duplicate(hook.provider, state.batch_id, "", owner.batch_id,
-                                      state.provider_status, state.counts.completed + state.counts.failed,
-                                      state.counts.total, False)  # fmt: skip
-                log.warning("%s", duplicate.line())
-                found.append(duplicate)
+                found.append(_settle(hook, state, "", Submission("", owner.batch_id), dry_run=True))
                 break
-    metrics = metrics or BatchMetrics(provider=hook.provider, model="any", dag_id="batch_maintenance")
-    metrics.late_duplicates(len(found), 0)
     return found
+
+
+def _settle(hook: BatchHook, state: BatchState, key: str, keep: Submission, dry_run: bool) -> Duplicate:
+    """Cancel ``state`` if it still runs (unless ``dry_run``); log and return its ALERT record.
+
+    ``key``: the idempotency key it carries, or (a key-less backend) :data:`UNSURE` or "" (its rows).
+    """
+    why, key = (key, "") if key == UNSURE else ("", key)
+    cancel = not state.status.is_terminal and not dry_run
+    if cancel:
+        state = hook.cancel(state.batch_id)
+    duplicate = Duplicate(hook.provider, state.batch_id, key, str(keep.batch_id), state.provider_status,
+                          state.counts.completed + state.counts.failed, state.counts.total, cancel,
+                          keep.usd_per_request, why)  # fmt: skip
+    log.warning("%s", duplicate.line())
+    return duplicate
+
+
+def _count(hook: BatchHook, found: list[Duplicate], metrics: BatchMetrics | None) -> None:
+    metrics = metrics or BatchMetrics(provider=hook.provider, model="any", dag_id="batch_maintenance")
+    metrics.late_duplicates(len(found), sum(d.cancelled for d in found))
 
 
 def run(
@@ -172,13 +263,11 @@ def run(
     """Reconcile every provider in ``providers`` against the checkpoints; return the duplicates found."""
     from airflow_batch_provider.hooks.registry import get_batch_hook
 
-    served = served_keys(checkpoint_rows(database))
+    records = submissions(checkpoint_rows(database))
     since = time.time() - since_seconds
     found: list[Duplicate] = []
     for provider in providers:
         hook: Any = get_batch_hook(provider, (conn_ids or {}).get(provider))
-        if hook.exact_reconcile:
-            found += reconcile(hook, served, since=since, dry_run=dry_run)
-        else:
-            found += reconcile_unkeyed(hook, set(served.values()), since=since)
+        match = reconcile if hook.exact_reconcile else reconcile_unkeyed
+        found += match(hook, records, since=since, dry_run=dry_run)
     return found
