@@ -58,6 +58,7 @@ class SubmittedBatch(ChunkDescriptor):
     input_file_id: NotRequired[str | None]
     idempotency_key: NotRequired[str]  # the batch's key at the provider: the sensor cancels other batches with it
     adopted_unproven: NotRequired[bool]  # adopted on a guess: the sensor checks it is the chunk's own when it ends
+    key_since: NotRequired[float | None]  # epoch s: no batch with the key is older (how far back to look for one)
 
 
 class CompletedBatch(SubmittedBatch):

@@ -63,7 +63,8 @@ class Resubmission:
     def submit(self, chunk: ChunkDescriptor, tag: str) -> SubmittedBatch:
         """Submit ``chunk`` as a new batch, checkpointed under ``tag`` (a retried task finds it)."""
         return submit_tagged(self.hook, chunk, self.context, task_id=self.task_id, dag_id=self.dag_id, tag=tag,
-                             checkpoint_key=f"{self.checkpoint_key}.{tag}", log=self.log)  # fmt: skip
+                             checkpoint_key=f"{self.checkpoint_key}.{tag}", log=self.log,
+                             key_since=self.batch.get("key_since"))  # fmt: skip
 
     def follow_up(self, state: BatchState, attempt: int, label: str) -> Finished | PollNext:
         """Send attempt ``attempt``'s retryable failed lines as attempt ``attempt + 1`` (or finish: none)."""

@@ -83,24 +83,31 @@ def submit_once(
     log: Any,
     prepare: Callable[[], Mapping[str, str]] | None = None,
     metrics: BatchMetrics | None = None,
+    key_since: float | None = None,
 ) -> SubmittedBatch:
     """Create ``chunk``'s batch at most once per ``checkpoint``; return the chunk plus its batch id.
 
     Reattaches to a live batch recorded in the checkpoint, adopts one the provider already has
     for ``key`` (crash between create and checkpoint), or uploads and creates, checkpointing
     the intent, the file id and the batch id as it goes. ``prepare`` runs only when a new batch
-    is about to be created; it may defer the task or return extra metadata.
+    is about to be created; it may defer the task or return extra metadata. ``key_since`` is a
+    time before any batch with ``key`` can have been created (the run's start); without it and
+    without a recorded intent, the provider's whole batch list is read to look for the key.
     """
     record = checkpoint.load()
     if record and record.get("fingerprint") != chunk["fingerprint"]:
         log.info("%s: the chunk changed since the last attempt; its checkpoint is ignored", chunk["label"])
         record = None
+    if record and record.get("intent_at") and not record.get("batch_id"):
+        # An earlier attempt meant to create and never learnt the outcome: its create may still land
+        # (a slow proxy, a killed worker). jobs reconcile looks for such a batch from this time on.
+        record["unsure_since"] = record.get("unsure_since") or record["intent_at"]
 
     if record and record.get("batch_id"):
         state = hook.get_state(record["batch_id"])
         if state.status not in _DEAD:
             log.info("%s: reattaching to batch %s (%s)", chunk["label"], state.batch_id, state.provider_status)
-            submitted = _submitted(chunk, state.batch_id, record.get("input_file_id"), key)
+            submitted = _submitted(chunk, state.batch_id, record.get("input_file_id"), key, record, key_since)
             return {**submitted, "adopted_unproven": True} if record.get("adopted_unproven") else submitted
         log.warning(
             "%s: batch %s from an earlier attempt ended %s; submitting a new one",
@@ -108,11 +115,14 @@ def submit_once(
             state.batch_id,
             state.provider_status,
         )
-        record = {"fingerprint": chunk["fingerprint"], "input_file_id": record.get("input_file_id")}
+        record = {"fingerprint": chunk["fingerprint"], "input_file_id": record.get("input_file_id"),
+                  **({"unsure_since": record["unsure_since"]} if record.get("unsure_since") else {})}  # fmt: skip
 
     # Always ask the provider before creating: a missing record may mean the store was cleared
     # ([state_store] clear_on_success) rather than "never submitted". One list call per chunk.
-    adopted = _adopt(hook, chunk, key, record, log)
+    # Without an intent only a stored key can find a batch (a cleared store); a guess on size has nothing to go on.
+    look_from = record or {"intent_at": key_since if hook.exact_reconcile else None}
+    adopted = _adopt(hook, chunk, key, look_from, log)
     if adopted is not None:
         proof = {"adopted_unproven": True} if adopted.get("adopted_unproven") else {}
         base = {**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": adopted["batch_id"]}
@@ -121,12 +131,30 @@ def submit_once(
 
     require_requests_file(chunk["requests_path"], chunk["label"])  # retention may have removed it
     extra_metadata = dict(prepare()) if prepare is not None else {}
-    record = {"fingerprint": chunk["fingerprint"], "idempotency_key": key, "intent_at": time.time(), **(record or {})}
+    record = {**intent_record(hook, chunk, key), **(record or {})}
     checkpoint.save(record)  # the intent: from here on a retry must reconcile before submitting
     submitted, cancelled = _create(hook, chunk, {**metadata, **extra_metadata}, record, checkpoint, log)
     if metrics is not None:
         metrics.duplicates_cancelled(len(cancelled))
     return submitted
+
+
+def intent_record(hook: BatchHook, chunk: ChunkDescriptor, key: str) -> dict[str, Any]:
+    """Return what the checkpoint records before a create: enough for jobs reconcile to recognise the batch.
+
+    Provider and request count let it match a batch that carries no key (Anthropic) to an unsure
+    create of this chunk; the expected price per request says what a duplicate costs.
+    """
+    expected = chunk.get("cost_expected_usd")
+    per_request = expected / chunk["num_requests"] if expected and chunk["num_requests"] else None
+    return {
+        "fingerprint": chunk["fingerprint"],
+        "idempotency_key": key,
+        "intent_at": time.time(),
+        "provider": hook.provider,
+        "num_requests": chunk["num_requests"],
+        "usd_per_request": per_request,
+    }
 
 
 def _adopt(
@@ -151,7 +179,7 @@ def _adopt(
             log.warning("%s: cancelling duplicate batch %s", chunk["label"], dup.batch_id)
             hook.cancel(dup.batch_id)
         log.info("%s: found batch %s created by an earlier attempt", chunk["label"], keep.batch_id)
-        return _submitted(chunk, keep.batch_id, file_id, key)
+        return _submitted(chunk, keep.batch_id, file_id, key, record)
     strangers = [state.batch_id for state, verdict in verdicts if verdict is False]
     if strangers:
         log.info("%s: recent batches %s match by size but hold other chunks' rows; not adopted", chunk["label"],
@@ -160,7 +188,7 @@ def _adopt(
         log.warning("%s: batch %s may be this chunk's (it matches by size and time; it is still running); adopted "
                     "provisionally: checked when it ends, and this chunk is sent anew if it is another chunk's",
                     chunk["label"], unknown[0].batch_id)  # fmt: skip
-        return {**_submitted(chunk, unknown[0].batch_id, file_id, key), "adopted_unproven": True}
+        return {**_submitted(chunk, unknown[0].batch_id, file_id, key, record), "adopted_unproven": True}
     if unknown:
         log.warning("%s: %d running batches %s match by size and time; none can be proven this chunk's, so none "
                     "is adopted", chunk["label"], len(unknown), [s.batch_id for s in unknown])  # fmt: skip
@@ -177,8 +205,11 @@ def submit_tagged(
     tag: str,
     checkpoint_key: str,
     log: Any,
+    key_since: float | None = None,
 ) -> SubmittedBatch:
     """Create one extra batch for a task (a sensor's follow-up or resubmission), once per ``tag``.
+
+    ``key_since``: the first batch's (its submission is older than any follow-up); see :func:`submit_once`.
 
     Checkpointed under ``checkpoint_key`` in the task state store and keyed by ``<task_id>.<tag>``
     at the provider, so a retry of the task reattaches to the batch instead of creating another.
@@ -201,6 +232,7 @@ def submit_tagged(
         metadata=batch_metadata({}, key, dag, run_id, f"{task}[{map_index}]", chunk["label"]),
         log=log,
         prepare=prepare,
+        key_since=key_since,
     )
 
 
@@ -229,11 +261,21 @@ def _create(
     # cancel the batch of the attempt Airflow follows.
     key = metadata.get(IDEMPOTENCY_METADATA_KEY) or ""
     cancelled = cancel_siblings(hook, chunk, key, batch_id, since=record.get("intent_at"), log=log) if key else []
-    return _submitted(chunk, batch_id, file_id, key), cancelled
+    return _submitted(chunk, batch_id, file_id, key, record), cancelled
 
 
-def _submitted(chunk: ChunkDescriptor, batch_id: str, file_id: str | None, key: str) -> SubmittedBatch:
-    return {**chunk, "batch_id": batch_id, "input_file_id": file_id, "idempotency_key": key}
+def _submitted(
+    chunk: ChunkDescriptor,
+    batch_id: str,
+    file_id: str | None,
+    key: str,
+    record: Mapping[str, Any] | None = None,
+    key_since: float | None = None,
+) -> SubmittedBatch:
+    """Return the chunk with its batch; ``key_since``: no batch with ``key`` is older (None: not known)."""
+    known = [t for t in ((record or {}).get("intent_at"), key_since) if isinstance(t, int | float)]
+    return {**chunk, "batch_id": batch_id, "input_file_id": file_id, "idempotency_key": key,
+            "key_since": min(known) if known else None}  # fmt: skip
 
 
 def cancel_siblings(

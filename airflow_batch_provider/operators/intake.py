@@ -155,6 +155,10 @@ class GroupSubmitBatchOperator(SubmitBatchOperator):
             )
         return group_id
 
+    def key_since(self, context: Context) -> float | None:
+        """None: a group's key outlives the run (a later run reuses a failed run's batch), so no bound is known."""
+        return None
+
 
 def _write_bytes(path: str, data: bytes) -> None:
     with open(path, "wb") as handle:

@@ -110,6 +110,7 @@ class SubmitBatchOperator(BaseOperator):
             log=self.log,
             prepare=lambda: self._prepare(chunk),
             metrics=metrics,
+            key_since=self.key_since(context),
         )
         self.log.info("%s: %d requests in batch %s", chunk["label"], chunk["num_requests"], submitted["batch_id"])
         remember_batch_url(self, hook.batch_url(submitted["batch_id"]))
@@ -119,6 +120,19 @@ class SubmitBatchOperator(BaseOperator):
     def key_scope(self, run_id: str) -> str:
         """Return what the idempotency key is scoped to beside the DAG, task and chunk: the run (subclasses: more)."""
         return run_id
+
+    def key_since(self, context: Context) -> float | None:
+        """Return a time before any batch with this task's key can exist: the run's first start (None: unknown).
+
+        The key names the run, so its batches are younger than the run. A run that was cleared may
+        have had its start date reset after its first batches: then it is unknown, and a retry that
+        finds no checkpoint reads the provider's whole batch list (a subclass whose key outlives the
+        run returns None).
+        """
+        dag_run = context.get("dag_run")
+        if dag_run is None or dag_run.start_date is None or dag_run.clear_number:
+            return None
+        return float(dag_run.start_date.timestamp())
 
     def resume_after_budget_wait(
         self, context: Context, event: Any = None, budget_wait_since: float | None = None

@@ -161,7 +161,8 @@ class BatchCompleteSensor(BaseSensorOperator):
         """Cancel other live batches with the submit's key (an orphan's late creates): at first sight and at the end."""
         if key := self.batch.get("idempotency_key"):
             chunk, keep = cast(ChunkDescriptor, self.batch), self.batch["batch_id"]
-            cancelled = cancel_siblings(self.hook, chunk, key, keep, since=None, log=self.log)
+            since = self.batch.get("key_since")
+            cancelled = cancel_siblings(self.hook, chunk, key, keep, since=since, log=self.log)
             self._metrics.duplicates_cancelled(len(cancelled))
 
     def _save(self) -> None:

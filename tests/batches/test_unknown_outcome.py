@@ -54,3 +54,32 @@ def test_one_submit_makes_one_batch_whatever_happens_to_the_answer(openai_conn, 
     created = openai_conn.batches()
     assert [b["id"] for b in created] == [batch_id], f"one create, one batch; the emulator holds {created}"
     assert openai_conn.stats()["openai"]["batches_created"] == 1
+
+
+def test_a_first_attempt_looks_for_its_key_only_as_far_back_as_the_run(openai_conn, tmp_path, monkeypatch):
+    """No checkpoint (a cleared store): the key is looked up among batches since the run started, not in the
+    organisation's whole history. 150 older batches: one list page reaches past the run's start instead of two,
+    and a batch of this key made in the run is still found (no second create)."""
+    import time
+
+    monkeypatch.setattr(openai_hook_module, "CLOCK_SKEW_S", 0.5)  # the real 120 s allowance would need a slow test
+    hook = OpenAIBatchHook()
+    chunk = write_chunk(tmp_path, [{"custom_id": "k0", "text": "t"}])
+    file_id = hook.upload_file(chunk["requests_path"])
+    for _ in range(150):  # the organisation's earlier batches
+        hook.create_batch(chunk, input_file_id=file_id, metadata={})
+    time.sleep(1.1)  # created_at has 1 s resolution
+    run_started = time.time()
+    key = idempotency_key("dag", "run", "submit", 0, chunk["fingerprint"])
+    metadata = batch_metadata({}, key, "dag", "run", "submit[0]", chunk["label"])
+    made = hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)  # then the store was cleared
+
+    def submit(key_since: float | None) -> tuple[str, int]:
+        lists = openai_conn.stats()["routes"].get("GET /v1/batches", 0)
+        checkpoint = Checkpoint({"task_state_store": InMemoryTaskStateStore()}, "submit")
+        batch = submit_once(hook, chunk, checkpoint=checkpoint, key=key, metadata=metadata, log=log,
+                            key_since=key_since)  # fmt: skip
+        return batch["batch_id"], openai_conn.stats()["routes"]["GET /v1/batches"] - lists
+
+    assert submit(run_started) == (made, 1)
+    assert submit(None) == (made, 2)  # unknown start (a cleared run): every page is read
