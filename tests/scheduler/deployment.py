@@ -34,6 +34,7 @@ from tests.scheduler.processes import (
     task_process_pid,
     wait_for,
 )
+from tests.scheduler.statsd import StatsdListener
 
 EMULATOR_KEY = "emulator-key"
 BEDROCK_BUCKET = "abp-scheduler-bedrock"
@@ -75,6 +76,7 @@ class Deployment:
         self.s3_url = ""
         self._token: str | None = None
         self._http = httpx.Client(timeout=30)
+        self.statsd = StatsdListener()
         self.env = self._environment()
 
     # set-up ----------------------------------------------------------------------------------------
@@ -113,6 +115,12 @@ class Deployment:
                 "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
                 "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
                 "AIRFLOW_BATCH_WORK_DIR": str(self.root / "jobs"),
+                # Metrics as a deployment sends them, to a listener the tests read (self.statsd).
+                "AIRFLOW__METRICS__STATSD_ON": "True",
+                "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.statsd.port),
+                "AIRFLOW__METRICS__STATSD_PREFIX": self.statsd.prefix,
+                "AIRFLOW__METRICS__METRICS_ALLOW_LIST": "llm_batch",
             }
         )
         # The sensor defers unless the deployment explicitly says otherwise: leave it unset.
@@ -226,6 +234,7 @@ class Deployment:
         for component in every:
             component.stop(timeout=max(0.0, deadline - time.monotonic()))
         self._http.close()
+        self.statsd.close()
         if self.s3_server is not None:
             self.s3_server.stop()
 
