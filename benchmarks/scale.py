@@ -21,7 +21,10 @@ normal pace. One line per size::
   ``rss_growth_kb_per_batch`` against the idle triggerer before the run;
 - ``provider_calls_per_batch_per_poll``: batch status calls (list + retrieve routes, counted by
   the emulator) during the window / (chunks x window / poll_interval);
-- ``db_kb``: growth of the metadata database (``pg_database_size``) over the run, and per chunk;
+- ``db_kb``: what the run left in the metadata database: growth of its tables (with indexes and
+  TOAST) between two ``VACUUM FULL`` taken before and after the run, and per chunk;
+  ``db_raw_kb_per_chunk`` is the growth before the second vacuum (dead row versions included, which
+  autovacuum frees for reuse), ``db_bytes_per_chunk_by_table`` the tables that grew most;
 - ``run_list_calls_per_chunk``: every batch list call of the whole run per chunk (the crash-safety
   reconcile scans of the submit and the sensor list batches too; see docs/performance.md).
 
@@ -99,17 +102,40 @@ def group_usage(pgid: int) -> tuple[float, float]:
 
 def db_bytes(database: str) -> int:
     """Return the metadata database's size on disk."""
+    return sum(db_tables(database, compact=False).values())
+
+
+def db_tables(database: str, *, compact: bool) -> dict[str, int]:
+    """Return each table's size with its indexes and TOAST (bytes); ``compact``: after ``VACUUM FULL`` first.
+
+    Without ``compact`` the sizes include dead row versions (every state change and heartbeat of a
+    task instance leaves one) that autovacuum later frees for reuse; after ``VACUUM FULL`` they are
+    what the database keeps.
+    """
     import psycopg2
 
     from tests.scheduler.postgres import PG_HOST, PG_PORT, PG_USER
 
     conn = psycopg2.connect(host=PG_HOST, port=PG_PORT, user=PG_USER, dbname=database)
+    conn.autocommit = True  # VACUUM cannot run in a transaction
     try:
         with conn.cursor() as cur:
-            cur.execute("SELECT pg_database_size(current_database())")
-            return int(cur.fetchone()[0])
+            if compact:
+                cur.execute("VACUUM FULL")
+            cur.execute(
+                "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.relkind = 'r' AND n.nspname = 'public'"
+            )
+            return {str(name): int(size) for name, size in cur.fetchall()}
     finally:
         conn.close()
+
+
+def table_growth(before: dict[str, int], after: dict[str, int], chunks: int, top: int = 8) -> str:
+    """Return the tables that grew most, as ``name=bytes_per_chunk`` pairs, largest first."""
+    growth = {name: size - before.get(name, 0) for name, size in after.items()}
+    largest = sorted((item for item in growth.items() if item[1] > 0), key=lambda item: -item[1])[:top]
+    return ",".join(f"{name}:{size / chunks:.0f}" for name, size in largest)
 
 
 def _status_calls(deployment: Any, routes: tuple[str, ...] = STATUS_ROUTES) -> int:
@@ -133,7 +159,8 @@ def run_size(deployment: Any, chunks: int, args: argparse.Namespace) -> dict[str
     run_id = f"scale-{chunks}-{uuid.uuid4().hex[:6]}"
     triggerer = deployment.components["triggerer"].process.pid
     _, idle_rss = group_usage(triggerer)
-    db_before = db_bytes(deployment.database)
+    tables_before = db_tables(deployment.database, compact=True)
+    db_before = sum(tables_before.values())
     deployment.set_faults(slow=86400.0)  # snapshotted by each batch at creation; ended by the hurry below
     lists_before = _status_calls(deployment, STATUS_ROUTES[:1])
     started = time.monotonic()
@@ -167,7 +194,9 @@ def run_size(deployment: Any, chunks: int, args: argparse.Namespace) -> dict[str
     wall = time.monotonic() - started
     if state != "success":
         raise DeploymentError(f"run {run_id} ended {state}\n{deployment.diagnostics()}")
-    db_growth = db_bytes(deployment.database) - db_before
+    raw_growth = db_bytes(deployment.database) - db_before
+    tables_after = db_tables(deployment.database, compact=True)
+    db_growth = sum(tables_after.values()) - db_before
     lists = _status_calls(deployment, STATUS_ROUTES[:1]) - lists_before
     return {
         "chunks": chunks,
@@ -178,6 +207,8 @@ def run_size(deployment: Any, chunks: int, args: argparse.Namespace) -> dict[str
         "provider_calls_per_batch_per_poll": round(calls / (chunks * args.window / args.poll_interval), 4),
         "db_kb": db_growth // 1024,
         "db_kb_per_chunk": round(db_growth / 1024 / chunks, 2),
+        "db_raw_kb_per_chunk": round(raw_growth / 1024 / chunks, 2),
+        "db_bytes_per_chunk_by_table": table_growth(tables_before, tables_after, chunks),
         "rss_growth_kb_per_batch": round((rss - idle_rss) * 1024 / chunks, 1),
         "status_calls_in_window": calls,
         # every batch list of the run (the submit's and the sensor's reconcile scans included), per chunk
