@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -147,6 +148,7 @@ class Handler(BaseHTTPRequestHandler):
             f"Content-Length: {len(body)}",
             f"x-request-id: {rid}",
             f"request-id: {rid}",
+            f"Date: {formatdate(usegmt=True)}",  # as every origin server with a clock sends (RFC 9110 6.6.1)
         ]
         lines.extend(f"{key}: {value}" for key, value in response.headers.items())
         if response.close:

@@ -99,3 +99,27 @@ def test_a_retry_adopts_its_own_batch_among_equal_size_ones(anthropic_conn, hook
     retried = _submit(hook, b, store_b)
     assert retried["batch_id"] == ours[0] and not retried.get("adopted_unproven")
     assert anthropic_conn.stats()["anthropic"]["batches_created"] == 2
+
+
+def test_a_batch_of_the_same_rows_made_before_the_intent_is_not_adopted(anthropic_conn, hook, tmp_path):
+    """Another run over the same table (the same row ids) made its batch seconds before this chunk's intent.
+    Its rows would prove it "own", so the window is read on the provider's clock (its Date header), not with
+    two minutes of slack: the retry sends its own batch instead of taking the other run's answers (which may
+    come from another prompt)."""
+    a = _chunk(tmp_path, 0)
+    other_run = hook.submit(a, metadata={})["batch_id"]
+    wait_terminal(hook, other_run)
+    time.sleep(4.5)  # the Date header has 1 s resolution; the slack is 2 s
+    store = InMemoryTaskStateStore()
+    store.set("submit", {"fingerprint": a["fingerprint"], "idempotency_key": "k", "intent_at": time.time()})
+    assert _submit(hook, a, store)["batch_id"] != other_run
+
+
+def test_clock_offset_reads_the_date_header():
+    from email.utils import formatdate
+
+    from airflow_batch_provider.backends.anthropic.hook import clock_offset
+
+    now = time.time()
+    assert abs(clock_offset(formatdate(now + 30, usegmt=True), now) - 30) <= 1.0
+    assert clock_offset(None, now) is None and clock_offset("yesterday-ish", now) is None

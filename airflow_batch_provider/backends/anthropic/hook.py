@@ -14,6 +14,8 @@ adopted only provisionally and checked when it ends (see ``submit_once`` and the
 from __future__ import annotations
 
 import datetime as dt
+import email.utils
+import time
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
 from functools import cached_property
 from typing import Any, ClassVar
@@ -41,8 +43,10 @@ from airflow_batch_provider.utils.retry import (
 )
 from airflow_batch_provider.utils.storage import to_path
 
-# Allowed clock difference between this worker and the provider when matching by creation time.
+# Allowed clock difference between this worker and the provider when matching by creation time, when the
+# provider's answer has no Date header to measure it by; with one, DATE_SLACK_S covers its 1 s resolution.
 CLOCK_SKEW_S = 120.0
+DATE_SLACK_S = 2.0
 
 
 def map_anthropic_status(batch: Any) -> BatchStatus:
@@ -113,6 +117,19 @@ def chunk_custom_ids(chunk: ChunkDescriptor) -> set[str]:
     """Return the custom ids of the chunk's request lines (read from its requests file)."""
     with to_path(chunk["requests_path"]).open("rb") as handle:
         return {str(orjson.loads(line).get("custom_id")) for line in handle if line.strip()}
+
+
+def clock_offset(date_header: str | None, asked_at: float) -> float | None:
+    """Return the provider's clock minus ours from an answer's ``Date`` header (None: no usable header).
+
+    ``asked_at`` is when the request was sent: the header was stamped after it, so the offset
+    errs low by the request's latency plus the header's one-second resolution.
+    """
+    try:
+        stamped = email.utils.parsedate_to_datetime(date_header or "")
+    except (TypeError, ValueError):
+        return None
+    return stamped.timestamp() - asked_at if stamped.tzinfo is not None else None
 
 
 def _created_epoch(batch: Any) -> float:
@@ -217,10 +234,15 @@ class AnthropicBatchHook(BatchHook):
         """
         if since is None:
             return []
+        asked = time.time()
+        raw = self._call("batch list", lambda: self.client.messages.batches.with_raw_response.list(limit=100))
+        offset = clock_offset(raw.headers.get("date"), asked)
+        # On the provider's clock when its answer says what time it is: a batch of another run over the same
+        # rows, made shortly before the intent, must not pass for the chunk's own (its rows would prove it).
+        oldest = since - CLOCK_SKEW_S if offset is None else since + offset - DATE_SLACK_S
         found: list[BatchState] = []
-        for batch in self._call("batch list", lambda: self.client.messages.batches.list(limit=100)):
-            created = _created_epoch(batch)
-            if created < since - CLOCK_SKEW_S:
+        for batch in raw.parse():
+            if _created_epoch(batch) < oldest:
                 break  # newest first (the SDK pages on): everything further is older
             state = state_from_anthropic(batch)
             if state.counts.total == chunk["num_requests"]:
