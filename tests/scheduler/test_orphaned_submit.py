@@ -108,6 +108,8 @@ def test_kill_supervisor_while_create_in_flight(deployment: Deployment, undistur
     orphans: dict[int, Orphan] = {}
     timeline: list[str] = []
     started = time.monotonic()
+    cancelled_metric = "llm_batch.duplicate_batches_cancelled"
+    cancelled_before = deployment.statsd.counter(cancelled_metric)
 
     def note(text: str) -> None:
         timeline.append(f"{time.monotonic() - started:6.1f}s {text}")
@@ -148,6 +150,9 @@ def test_kill_supervisor_while_create_in_flight(deployment: Deployment, undistur
     assert_exactly_once(dataclasses.replace(outcome, batches=kept), undisturbed)
     assert _task_log(deployment, job.run_id, "submit", 0, 2).count(f"cancelling batch {orphans[0].batch}") == 1
     assert _task_log(deployment, job.run_id, "wait", 1, 1).count(f"cancelling batch {orphans[1].batch}") == 1
+    # ... and in the metrics: one cancelled duplicate per chunk (the submit's check and the sensor's).
+    wait_for(lambda: deployment.statsd.counter(cancelled_metric) - cancelled_before >= NUM_CHUNKS, 10, "the metric")
+    assert deployment.statsd.counter(cancelled_metric) - cancelled_before == NUM_CHUNKS
     for orphan in orphans.values():  # its first create timed out (CREATE_TIMEOUT) and it sent another
         first = orphan.calls[min(orphan.calls)]
         assert len(orphan.calls) >= 2 and first > CREATE_TIMEOUT - 5, f"the orphan's create was not retried: {orphan}"
