@@ -10,7 +10,7 @@ import os
 import httpx
 import pytest
 
-from benchmarks.scale import LINE_KEYS, format_line, group_usage, parse_args
+from benchmarks.scale import LINE_KEYS, format_line, group_usage, parse_args, table_growth
 from tests.conftest import wait_terminal
 from tests.support import write_chunk
 
@@ -49,3 +49,10 @@ def test_hurry_ends_the_slow_fault_of_running_batches(openai_conn, openai_hook, 
     response = httpx.post(f"{openai_conn.url}/_emulator/hurry", timeout=10)
     assert response.json() == {"hurried": 1}
     assert wait_terminal(openai_hook, batch_id, timeout=20).status.value == "completed"
+
+
+def test_table_growth_names_the_tables_that_grew_most_per_chunk():
+    before = {"xcom": 1000, "task_instance": 500, "job": 800}
+    after = {"xcom": 21000, "task_instance": 10500, "job": 700, "trigger": 4000}
+    assert table_growth(before, after, chunks=10) == "xcom:2000,task_instance:1000,trigger:400"
+    assert table_growth(before, after, chunks=10, top=1) == "xcom:2000"
