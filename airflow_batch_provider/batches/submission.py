@@ -94,15 +94,7 @@ def submit_once(
     time before any batch with ``key`` can have been created (the run's start); without it and
     without a recorded intent, the provider's whole batch list is read to look for the key.
     """
-    record = checkpoint.load()
-    if record and record.get("fingerprint") != chunk["fingerprint"]:
-        log.info("%s: the chunk changed since the last attempt; its checkpoint is ignored", chunk["label"])
-        record = None
-    if record and record.get("intent_at") and not record.get("batch_id"):
-        # An earlier attempt meant to create and never learnt the outcome: its create may still land
-        # (a slow proxy, a killed worker). jobs reconcile looks for such a batch from this time on.
-        record["unsure_since"] = record.get("unsure_since") or record["intent_at"]
-
+    record = _load_record(checkpoint, chunk, log)
     if record and record.get("batch_id"):
         state = hook.get_state(record["batch_id"])
         if state.status not in _DEAD:
@@ -119,8 +111,8 @@ def submit_once(
                   **({"unsure_since": record["unsure_since"]} if record.get("unsure_since") else {})}  # fmt: skip
 
     # Always ask the provider before creating: a missing record may mean the store was cleared
-    # ([state_store] clear_on_success) rather than "never submitted". One list call per chunk.
-    # Without an intent only a stored key can find a batch (a cleared store); a guess on size has nothing to go on.
+    # ([state_store] clear_on_success) rather than "never submitted". Without an intent only a
+    # stored key can find a batch (back to the run's start); a guess on size has nothing to go on.
     look_from = record or {"intent_at": key_since if hook.exact_reconcile else None}
     adopted = _adopt(hook, chunk, key, look_from, log)
     if adopted is not None:
@@ -137,6 +129,19 @@ def submit_once(
     if metrics is not None:
         metrics.duplicates_cancelled(len(cancelled))
     return submitted
+
+
+def _load_record(checkpoint: Checkpoint, chunk: ChunkDescriptor, log: Any) -> dict[str, Any] | None:
+    """Return the chunk's checkpoint record (None: none, or one of another version of the chunk)."""
+    record = checkpoint.load()
+    if record and record.get("fingerprint") != chunk["fingerprint"]:
+        log.info("%s: the chunk changed since the last attempt; its checkpoint is ignored", chunk["label"])
+        return None
+    if record and record.get("intent_at") and not record.get("batch_id"):
+        # An earlier attempt meant to create and never learnt the outcome: its create may still land
+        # (a slow proxy, a killed worker). jobs reconcile looks for such a batch from this time on.
+        record["unsure_since"] = record.get("unsure_since") or record["intent_at"]
+    return record
 
 
 def intent_record(hook: BatchHook, chunk: ChunkDescriptor, key: str) -> dict[str, Any]:
