@@ -183,7 +183,6 @@ class BatchCompleteTrigger(BaseTrigger):
                     return
             else:
                 errors_in_a_row = 0
-                siblings = poller.siblings(self.idempotency_key, self.batch_id) if self.idempotency_key else None
                 last_state = state.to_dict()
                 line = state.progress_line()
                 if line != last_line:
@@ -193,11 +192,7 @@ class BatchCompleteTrigger(BaseTrigger):
                         record = progress_record(self.progress, state, hook.batch_url(self.batch_id))
                         await apublish_progress(self.task_instance, record)
                 if state.status.is_terminal:
-                    payload: dict[str, Any] = {"status": "success", "batch_id": self.batch_id, "state": last_state}
-                    payload["carry"] = self.carry
-                    if siblings is not None:  # the shared list covered this poll: the sensor need not list
-                        payload["siblings"] = siblings
-                    yield TriggerEvent(payload)
+                    yield self._success(poller, last_state)
                     return
             if self.timeout is not None and time.monotonic() - started >= self.timeout:
                 yield TriggerEvent(
@@ -211,6 +206,12 @@ class BatchCompleteTrigger(BaseTrigger):
                 )
                 return
             await asyncio.sleep(self.poll_interval)
+
+    def _success(self, poller: SharedPoller, state: dict[str, Any]) -> TriggerEvent:
+        """The terminal event; ``siblings`` when the shared list covered the last poll (the sensor need not list)."""
+        payload = {"status": "success", "batch_id": self.batch_id, "state": state, "carry": self.carry}
+        siblings = poller.siblings(self.idempotency_key, self.batch_id) if self.idempotency_key else None
+        return TriggerEvent(payload if siblings is None else {**payload, "siblings": siblings})
 
     async def on_kill(self) -> None:
         """Cancel the provider batch when the deferred task is killed (Airflow 3.3+), and say it was us."""
