@@ -63,6 +63,9 @@ class BatchState:
     # status (None while it runs). The run report's latency timeline is drawn from these.
     created_at: float | None = None
     ended_at: float | None = None
+    # The idempotency key the provider stores on the batch (OpenAI metadata, Gemini display name);
+    # None where the backend stores none. Lets the triggerer's shared list name a chunk's siblings.
+    key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict (for XCom and trigger events)."""
@@ -86,6 +89,7 @@ class BatchState:
             results_url=data.get("results_url"),
             created_at=data.get("created_at"),
             ended_at=data.get("ended_at"),
+            key=data.get("key"),
         )
 
     def progress_line(self) -> str:

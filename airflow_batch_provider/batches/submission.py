@@ -22,7 +22,7 @@ from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
 from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
 from airflow_batch_provider.jobs.retention import require_requests_file
 from airflow_batch_provider.metrics import BatchMetrics
-from airflow_batch_provider.status import BatchStatus
+from airflow_batch_provider.status import BatchState, BatchStatus
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -294,27 +294,47 @@ def cancel_siblings(
     """
     if not hook.exact_reconcile:
         return []
-    cancelled: list[str] = []
-    for state in hook.find_existing(key, chunk, since=since):
-        if state.batch_id == keep or state.status in _DEAD:
-            continue
-        if state.status.is_terminal:
-            log.warning(
-                "%s: batch %s has the same idempotency key as batch %s but already ended %s; it was billed, "
-                "and its results are not used",
-                chunk["label"],
-                state.batch_id,
-                keep,
-                state.provider_status,
-            )
-            continue
+    found = hook.find_existing(key, chunk, since=since)
+    return [state.batch_id for state in found if state.batch_id != keep and _cancel_live(hook, chunk, state, keep, log)]
+
+
+def cancel_listed_siblings(
+    hook: BatchHook, chunk: ChunkDescriptor, ids: list[str], keep: str, *, log: Any
+) -> list[str]:
+    """Cancel the batches ``ids`` that the triggerer's list named as ``keep``'s live siblings; return those cancelled.
+
+    :func:`cancel_siblings` without the list call: each batch is looked at once more (it may have
+    ended or been cancelled since the list) and cancelled only while it still runs.
+    """
+    if not hook.exact_reconcile:
+        return []
+    return [
+        batch_id
+        for batch_id in ids
+        if batch_id != keep and _cancel_live(hook, chunk, hook.get_state(batch_id), keep, log)
+    ]
+
+
+def _cancel_live(hook: BatchHook, chunk: ChunkDescriptor, state: BatchState, keep: str, log: Any) -> bool:
+    """Cancel ``state``'s batch, a sibling of ``keep``, if it still runs; return whether it was cancelled."""
+    if state.status in _DEAD:
+        return False
+    if state.status.is_terminal:
         log.warning(
-            "%s: cancelling batch %s: it has the same idempotency key as batch %s, which this task follows "
-            "(a create from an earlier, orphaned attempt landed after this one looked)",
+            "%s: batch %s has the same idempotency key as batch %s but already ended %s; it was billed, "
+            "and its results are not used",
             chunk["label"],
             state.batch_id,
             keep,
+            state.provider_status,
         )
-        hook.cancel(state.batch_id)
-        cancelled.append(state.batch_id)
-    return cancelled
+        return False
+    log.warning(
+        "%s: cancelling batch %s: it has the same idempotency key as batch %s, which this task follows "
+        "(a create from an earlier, orphaned attempt landed after this one looked)",
+        chunk["label"],
+        state.batch_id,
+        keep,
+    )
+    hook.cancel(state.batch_id)
+    return True

@@ -42,7 +42,7 @@ from airflow_batch_provider.batches.line_retry import (
     nothing_to_retry,
 )
 from airflow_batch_provider.batches.resubmit import Resubmission
-from airflow_batch_provider.batches.submission import cancel_siblings
+from airflow_batch_provider.batches.submission import cancel_listed_siblings, cancel_siblings
 from airflow_batch_provider.batches.token_budget import is_token_limit_refusal
 from airflow_batch_provider.descriptors import ChunkDescriptor, CompletedBatch, SubmittedBatch
 from airflow_batch_provider.exceptions import BatchCancelledError, BatchPollError, BatchProviderError, BatchTimeoutError
@@ -124,6 +124,7 @@ class BatchCompleteSensor(BaseSensorOperator):
         self._record: WaitRecord | None = None
         self._checkpoint: Checkpoint | None = None
         self._cancelled_now: set[str] = set()
+        self._listed_siblings: list[str] | None = None  # the trigger's answer: the key's live batches at the end
 
     @cached_property
     def hook(self) -> BatchHook:
@@ -157,13 +158,25 @@ class BatchCompleteSensor(BaseSensorOperator):
             self._cancel_siblings()
         return self._record
 
-    def _cancel_siblings(self) -> None:
-        """Cancel other live batches with the submit's key (an orphan's late creates): at first sight and at the end."""
+    def _cancel_siblings(self, listed: list[str] | None = None) -> None:
+        """Cancel other live batches with the submit's key (an orphan's late creates): at first sight and at the end.
+
+        ``listed``: the live siblings the triggerer's shared list named when the batch ended (no list
+        call then); None: list the provider's batches back to the chunk's first intent.
+        """
         if key := self.batch.get("idempotency_key"):
             chunk, keep = cast(ChunkDescriptor, self.batch), self.batch["batch_id"]
-            since = self.batch.get("key_since")
-            cancelled = cancel_siblings(self.hook, chunk, key, keep, since=since, log=self.log)
+            if listed is not None:
+                cancelled = cancel_listed_siblings(self.hook, chunk, listed, keep, log=self.log)
+            else:
+                since = self.batch.get("key_since")
+                cancelled = cancel_siblings(self.hook, chunk, key, keep, since=since, log=self.log)
             self._metrics.duplicates_cancelled(len(cancelled))
+
+    @property
+    def _follows_submitted(self) -> bool:
+        """True while the batch waited for is the submitted one (its siblings carry the submit's key)."""
+        return self.record.current.batch_id == self.batch["batch_id"]
 
     def _save(self) -> None:
         if self._checkpoint is not None and self._record is not None:
@@ -188,6 +201,9 @@ class BatchCompleteSensor(BaseSensorOperator):
         status = event.get("status")
         if status == "success":
             state = BatchState.from_dict(event["state"])
+            listed = event.get("siblings")  # the trigger's list named the key's live batches (None: it did not)
+            if isinstance(listed, list) and state.batch_id == record.current.batch_id == self.batch["batch_id"]:
+                self._listed_siblings = [str(batch_id) for batch_id in listed]
             return self._drive(context, state if state.batch_id == record.current.batch_id else None)
         if status == "timeout":
             self._cancel("the sensor timed out")
@@ -258,6 +274,7 @@ class BatchCompleteSensor(BaseSensorOperator):
                 job_dir=self.batch.get("job_dir"),
                 carry=self.record.to_dict(),
                 progress=progress_base(self.batch, len(self.record.attempts)),
+                idempotency_key=self.batch.get("idempotency_key") if self._follows_submitted else None,
             ),
             method_name="execute_complete",
             # A backstop only: the trigger fires its own timeout event first, so we can cancel.
@@ -273,7 +290,8 @@ class BatchCompleteSensor(BaseSensorOperator):
         """Decide what an ended batch means: finished, a new batch to poll, wait, or raise."""
         attempt = len(self.record.attempts)
         if attempt == 1:  # an orphan's create can land after the first look (it may be in flight for minutes)
-            self._cancel_siblings()
+            listed, self._listed_siblings = self._listed_siblings, None
+            self._cancel_siblings(listed if state.batch_id == self.batch["batch_id"] else None)
             if self.batch.get("adopted_unproven") and not self.record.current.replaced:
                 chunk = cast(ChunkDescriptor, self.batch)
                 if self.hook.owns(state, chunk) is not True:  # never use another chunk's results

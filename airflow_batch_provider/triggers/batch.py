@@ -43,7 +43,9 @@ class BatchCompleteTrigger(BaseTrigger):
     failed ``max_poll_errors`` times in a row, and ``{"status": "timeout", ...}`` when
     ``timeout`` seconds passed without a terminal status.
 
-    Every event also carries ``carry`` (the kwarg, echoed unchanged).
+    Every event also carries ``carry`` (the kwarg, echoed unchanged). With ``idempotency_key``, a
+    success event whose last poll the shared poller's list covered also carries ``siblings``: the
+    other live batches with that key on the list (possibly none); without that answer it has none.
 
     :param cancel_on_kill: cancel the provider batch when Airflow kills the deferred task.
     :param not_before: wall-clock time (epoch seconds) before which the batch is not polled (the
@@ -52,6 +54,7 @@ class BatchCompleteTrigger(BaseTrigger):
     :param carry: small JSON-able record returned as is in the event.
     :param progress: the chunk's fixed progress fields (:func:`~airflow_batch_provider.progress.progress_base`);
         when given, each poll that changes the counts is published for the "LLM batches" view.
+    :param idempotency_key: the key the submit stored on the batch, to name its live siblings at the end.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class BatchCompleteTrigger(BaseTrigger):
         job_dir: str | None = None,
         carry: dict[str, Any] | None = None,
         progress: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
     ) -> None:
         super().__init__()
         self.provider = provider
@@ -83,6 +87,7 @@ class BatchCompleteTrigger(BaseTrigger):
         self.job_dir = job_dir
         self.carry = carry
         self.progress = progress
+        self.idempotency_key = idempotency_key
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return the class path and JSON-able kwargs that rebuild this trigger."""
@@ -101,6 +106,7 @@ class BatchCompleteTrigger(BaseTrigger):
                 "job_dir": self.job_dir,
                 "carry": self.carry,
                 "progress": self.progress,
+                "idempotency_key": self.idempotency_key,
             },
         )
 
@@ -186,9 +192,7 @@ class BatchCompleteTrigger(BaseTrigger):
                         record = progress_record(self.progress, state, hook.batch_url(self.batch_id))
                         await apublish_progress(self.task_instance, record)
                 if state.status.is_terminal:
-                    yield TriggerEvent(
-                        {"status": "success", "batch_id": self.batch_id, "state": last_state, "carry": self.carry}
-                    )
+                    yield self._success(poller, last_state)
                     return
             if self.timeout is not None and time.monotonic() - started >= self.timeout:
                 yield TriggerEvent(
@@ -202,6 +206,12 @@ class BatchCompleteTrigger(BaseTrigger):
                 )
                 return
             await asyncio.sleep(self.poll_interval)
+
+    def _success(self, poller: SharedPoller, state: dict[str, Any]) -> TriggerEvent:
+        """The terminal event; ``siblings`` when the shared list covered the last poll (the sensor need not list)."""
+        payload = {"status": "success", "batch_id": self.batch_id, "state": state, "carry": self.carry}
+        siblings = poller.siblings(self.idempotency_key, self.batch_id) if self.idempotency_key else None
+        return TriggerEvent(payload if siblings is None else {**payload, "siblings": siblings})
 
     async def on_kill(self) -> None:
         """Cancel the provider batch when the deferred task is killed (Airflow 3.3+), and say it was us."""

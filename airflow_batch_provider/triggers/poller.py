@@ -15,6 +15,10 @@ triggerer process), the triggers of one ``(provider, conn_id)`` share one poller
 - a list call that fails is logged and every batch is retrieved on its own for that round, so a
   retrieve that fails still counts against its own trigger's ``max_poll_errors`` and no other's.
 
+The pages read also name the live batches that carry an idempotency key: when a batch ends and
+the list of its round covered it (:meth:`SharedPoller.siblings`), its trigger hands the sensor the
+live batches with its key, so the sensor's end-of-wait sibling check costs no list call of its own.
+
 All calls go through one hook (the first trigger's), so the triggerer keeps one SDK client and one
 connection pool per provider connection, not one per deferred batch; it is closed when the last
 trigger leaves. Triggers still fire their own events and cancel their own batches.
@@ -27,6 +31,7 @@ import contextlib
 import logging
 import time
 import weakref
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_batch_provider.exceptions import BatchProviderError
@@ -43,6 +48,32 @@ _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, s
 )
 
 
+@dataclass(frozen=True)
+class Listing:
+    """What one list round read: the waiting batches it found, and the live keyed batches on its pages."""
+
+    states: dict[str, BatchState]  # waiting batch id -> its state
+    live_by_key: dict[str, list[str]]  # idempotency key -> live batches with it, newest first
+    oldest: float | None  # creation time of the oldest batch on the pages read
+    complete: bool  # the pages ran out: every batch (that the backend lists) was read
+    started: float  # time.monotonic() when the list call started
+
+    def covers(self, state: BatchState, joined_at: float) -> bool:
+        """Say whether every batch created after ``state``'s (and before this list) is on its pages.
+
+        The list found the batch, or it started after the batch joined the poller (so the batch
+        existed) and read to the end or read a batch created before it (a Gemini list leaves ended
+        batches out).
+        """
+        if state.batch_id in self.states:
+            return True
+        if self.started < joined_at:
+            return False
+        return self.complete or (
+            state.created_at is not None and self.oldest is not None and self.oldest < state.created_at
+        )
+
+
 class SharedPoller:
     """The poller of one ``(provider, conn_id)`` in one event loop; get it with :meth:`join`."""
 
@@ -51,9 +82,11 @@ class SharedPoller:
         self.hook = hook
         self.waiting: dict[str, int] = {}  # batch id -> triggers waiting on it (a rerun may double up)
         self.list_calls = 0  # for tests and benchmarks: list pages read
-        self._listed: dict[str, BatchState] | None = None  # the last list round; None: none yet, or it failed
+        self._listed: Listing | None = None  # the last list round; None: none yet, or it failed
         self._listed_at = float("-inf")
-        self._round: asyncio.Future[dict[str, BatchState] | None] | None = None
+        self._round: asyncio.Future[Listing | None] | None = None
+        self._joined_at: dict[str, float] = {}  # batch id -> when it first joined (monotonic)
+        self._answered: dict[str, Listing | None] = {}  # batch id -> the list that covered its last poll
 
     @classmethod
     def join(cls, provider: str, conn_id: str, batch_id: str, hook: BatchHook) -> SharedPoller:
@@ -63,6 +96,7 @@ class SharedPoller:
         if poller is None:
             poller = pollers[provider, conn_id] = cls((provider, conn_id), hook)
         poller.waiting[batch_id] = poller.waiting.get(batch_id, 0) + 1
+        poller._joined_at.setdefault(batch_id, time.monotonic())
         return poller
 
     async def leave(self, batch_id: str) -> None:
@@ -72,6 +106,8 @@ class SharedPoller:
             self.waiting[batch_id] = left
             return
         self.waiting.pop(batch_id, None)
+        self._joined_at.pop(batch_id, None)
+        self._answered.pop(batch_id, None)
         if self.waiting:
             return
         pollers = _POLLERS.get(asyncio.get_running_loop(), {})
@@ -88,14 +124,34 @@ class SharedPoller:
         Raises :class:`~airflow_batch_provider.exceptions.BatchProviderError` only for this batch's
         own retrieve.
         """
+        self._answered.pop(batch_id, None)
+        listing = None
         if self.hook.list_page_size > 0 and len(self.waiting) > 1:
-            listed = await self._list(fresh_within)
-            state = listed.get(batch_id) if listed else None
+            listing = await self._list(fresh_within)
+            state = listing.states.get(batch_id) if listing else None
             if state is not None:
+                self._remember(batch_id, state, listing)
                 return state
-        return await self.hook.aget_state(batch_id)
+        state = await self.hook.aget_state(batch_id)
+        self._remember(batch_id, state, listing)
+        return state
 
-    async def _list(self, fresh_within: float) -> dict[str, BatchState] | None:
+    def _remember(self, batch_id: str, state: BatchState, listing: Listing | None) -> None:
+        joined_at = self._joined_at.get(batch_id, float("inf"))
+        self._answered[batch_id] = listing if listing is not None and listing.covers(state, joined_at) else None
+
+    def siblings(self, key: str, keep: str) -> list[str] | None:
+        """Return the live batches with idempotency ``key`` other than ``keep``, from the list of ``keep``'s last poll.
+
+        None when no list covered that poll (the batch was retrieved on its own: it waited alone,
+        the backend lists nothing, or the list failed or did not reach back to it): ask the provider.
+        """
+        listing = self._answered.get(keep)
+        if listing is None:
+            return None
+        return [batch_id for batch_id in listing.live_by_key.get(key, ()) if batch_id != keep]
+
+    async def _list(self, fresh_within: float) -> Listing | None:
         if time.monotonic() - self._listed_at <= fresh_within:
             return self._listed
         if self._round is None:
@@ -103,19 +159,29 @@ class SharedPoller:
         # shield: a trigger cancelled mid-poll (its task killed) must not cancel the others' round
         return await asyncio.shield(self._round)
 
-    async def _read_list(self) -> dict[str, BatchState] | None:
+    async def _read_list(self) -> Listing | None:
         started = time.monotonic()
         wanted = set(self.waiting)
         max_pages = len(wanted) // self.hook.list_page_size + 2
         found: dict[str, BatchState] = {}
+        live_by_key: dict[str, list[str]] = {}
+        oldest: float | None = None
+        complete = True
         try:
             async with contextlib.aclosing(self.hook.alist_states()) as pages:
                 number = 0
                 async for page in pages:
                     number += 1
                     self.list_calls += 1
-                    found.update((state.batch_id, state) for state in page if state.batch_id in wanted)
+                    for state in page:
+                        if state.batch_id in wanted:
+                            found[state.batch_id] = state
+                        if state.key and not state.status.is_terminal:
+                            live_by_key.setdefault(state.key, []).append(state.batch_id)
+                        if state.created_at is not None and (oldest is None or state.created_at < oldest):
+                            oldest = state.created_at
                     if len(found) == len(wanted) or number >= max_pages:
+                        complete = False
                         break
         except BatchProviderError as exc:
             log.warning("listing %s batches failed, polling each batch on its own this round: %s", self.key[0], exc)
@@ -123,5 +189,6 @@ class SharedPoller:
             return None
         finally:
             self._round = None
-        self._listed, self._listed_at = found, started
-        return found
+        listing = Listing(found, live_by_key, oldest, complete, started)
+        self._listed, self._listed_at = listing, started
+        return listing

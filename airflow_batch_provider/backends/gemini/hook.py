@@ -238,10 +238,10 @@ class GeminiBatchHook(BatchHook):
         pager = self._call("batch list", lambda: self.client.batches.list(config={"page_size": 100}))
         while True:
             for job in pager.page:
-                name = job.display_name or ""
+                state = state_from_gemini(job)
                 created = job.create_time.timestamp() if job.create_time else since
-                if created >= since and name.endswith("]") and "[" in name:
-                    yield name[name.rindex("[") + 1 : -1], state_from_gemini(job)
+                if created >= since and state.key:
+                    yield state.key, state
             if not pager.config.get("page_token"):
                 return
             self._call("batch list (next page)", pager.next_page)

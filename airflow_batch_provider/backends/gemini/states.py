@@ -106,7 +106,15 @@ def state_from_gemini(job: Any, *, counts: RequestCounts | None = None) -> Batch
         errors=errors,
         created_at=_epoch(job.create_time),
         ended_at=_epoch(job.end_time) if status.is_terminal else None,
+        key=key_from_display_name(getattr(job, "display_name", None)),
     )
+
+
+def key_from_display_name(name: str | None) -> str | None:
+    """Return the idempotency key at the end of a display name, ``... [<key>]`` (None: it carries none)."""
+    if not name or not name.endswith("]") or "[" not in name:
+        return None
+    return name[name.rindex("[") + 1 : -1] or None
 
 
 def classify_gemini_error(exc: BaseException) -> tuple[bool, float | None]:

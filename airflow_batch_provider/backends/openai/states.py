@@ -12,6 +12,7 @@ import httpx2
 import openai
 
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
+from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.utils.retry import retry_after_seconds
 
@@ -75,7 +76,14 @@ def state_from_openai(batch: Any) -> BatchState:
         errors=errors,
         created_at=float(batch.created_at) if batch.created_at else None,
         ended_at=_ended_at(batch),
+        key=_key(batch),
     )
+
+
+def _key(batch: Any) -> str | None:
+    """Return the idempotency key our submit stored in the batch's metadata (None: not one of ours)."""
+    key = (getattr(batch, "metadata", None) or {}).get(IDEMPOTENCY_METADATA_KEY)
+    return str(key) if key else None
 
 
 def _ended_at(batch: Any) -> float | None:
