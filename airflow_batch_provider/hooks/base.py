@@ -59,6 +59,9 @@ class BatchHook(BaseHook, ABC):
     supports_token_budget: ClassVar[bool] = False
     #: Batches one page of :meth:`alist_states` holds; 0 (the default) when the backend lists none.
     list_page_size: ClassVar[int] = 0
+    #: True when :meth:`alist_states` fills each state's ``key`` with the idempotency key the batch carries:
+    #: then the shared poller names a waiting batch's same-key siblings and the sensor need not list again.
+    lists_keys: ClassVar[bool] = False
     _async_client: Any = None  # the async SDK client, once opened (see aclose)
 
     def __init__(self, conn_id: str | None = None, **kwargs: Any) -> None:

@@ -144,10 +144,11 @@ class SharedPoller:
         """Return the live batches with idempotency ``key`` other than ``keep``, from the list of ``keep``'s last poll.
 
         None when no list covered that poll (the batch was retrieved on its own: it waited alone,
-        the backend lists nothing, or the list failed or did not reach back to it): ask the provider.
+        the backend lists nothing, or the list failed or did not reach back to it) or the backend's
+        list carries no keys (:attr:`~airflow_batch_provider.hooks.base.BatchHook.lists_keys`): ask the provider.
         """
         listing = self._answered.get(keep)
-        if listing is None:
+        if listing is None or not self.hook.lists_keys:  # a list without keys cannot tell a sibling
             return None
         return [batch_id for batch_id in listing.live_by_key.get(key, ()) if batch_id != keep]
 

@@ -74,12 +74,23 @@ def test_a_first_attempt_looks_for_its_key_only_as_far_back_as_the_run(openai_co
     metadata = batch_metadata({}, key, "dag", "run", "submit[0]", chunk["label"])
     made = hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)  # then the store was cleared
 
+    import openai.pagination
+
+    pages: list[int] = []  # this process's sync list pages only (the emulator's route counter is shared)
+    first_page, next_page = openai.resources.batches.Batches.list, openai.pagination.SyncCursorPage.get_next_page
+    monkeypatch.setattr(
+        openai.resources.batches.Batches, "list", lambda *a, **k: pages.append(1) or first_page(*a, **k)
+    )
+    monkeypatch.setattr(
+        openai.pagination.SyncCursorPage, "get_next_page", lambda self: pages.append(1) or next_page(self)
+    )
+
     def submit(key_since: float | None) -> tuple[str, int]:
-        lists = openai_conn.stats()["routes"].get("GET /v1/batches", 0)
+        pages.clear()
         checkpoint = Checkpoint({"task_state_store": InMemoryTaskStateStore()}, "submit")
         batch = submit_once(hook, chunk, checkpoint=checkpoint, key=key, metadata=metadata, log=log,
                             key_since=key_since)  # fmt: skip
-        return batch["batch_id"], openai_conn.stats()["routes"]["GET /v1/batches"] - lists
+        return batch["batch_id"], len(pages)
 
     assert submit(run_started) == (made, 1)
     assert submit(None) == (made, 2)  # unknown start (a cleared run): every page is read

@@ -148,3 +148,26 @@ def test_gemini_keys_from_the_display_name_and_an_ended_batch_gets_an_answer(gem
     assert payloads[0]["siblings"] == [sibling]
     for batch_id in (sibling, companion):
         gemini_hook.cancel(batch_id)
+
+
+def test_a_backend_whose_list_carries_no_keys_gets_no_answer(anthropic_conn, anthropic_hook, tmp_path):
+    """Anthropic lists batches without any key: its poller can never say "no siblings", so the sensor asks."""
+    anthropic_conn.set_faults(slow=60)
+    from tests.batches.test_anthropic_adoption import _chunk
+
+    chunks = [_chunk(tmp_path, 0), _chunk(tmp_path, 1)]
+    first, second = (str(anthropic_hook.submit(c, metadata={})["batch_id"]) for c in chunks)
+
+    async def scenario() -> Any:
+        poller = SharedPoller.join("anthropic", "anthropic_batch_default", first, anthropic_hook)
+        SharedPoller.join("anthropic", "anthropic_batch_default", second, anthropic_hook)
+        try:
+            await poller.poll(first, fresh_within=30.0)
+            return poller.siblings(KEY_A, first)
+        finally:
+            await poller.leave(second)
+            await poller.leave(first)
+
+    assert asyncio.run(scenario()) is None
+    for batch_id in (first, second):
+        anthropic_hook.cancel(batch_id)

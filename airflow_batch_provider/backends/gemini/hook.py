@@ -102,6 +102,7 @@ class GeminiBatchHook(BatchHook):
     conn_name_attr = "conn_id"
     default_conn_name: ClassVar[str] = "gemini_default"
     list_page_size: ClassVar[int] = 100  # one list call answers up to 100 waiting batches
+    lists_keys: ClassVar[bool] = True  # listed states carry the key (BatchState.key)
     conn_type = "gemini"
     hook_name = "Google Gemini Batch API"
 

@@ -64,6 +64,7 @@ class OpenAIBatchHook(BatchHook):
     conn_name_attr = "conn_id"
     default_conn_name: ClassVar[str] = "openai_batch_default"
     list_page_size: ClassVar[int] = 100  # one list call answers up to 100 waiting batches
+    lists_keys: ClassVar[bool] = True  # listed states carry the key (BatchState.key)
     conn_type = "openai_batch"
     hook_name = "OpenAI Batch"
 
