@@ -8,9 +8,9 @@ by the batch its checkpoint names, and logs an ``ALERT`` line (and counts
 ``llm_batch.late_duplicate_batches``) for each. It sends nothing and costs nothing but list calls.
 
 The command reads checkpoints from the metadata DB, which Airflow 3 tasks may not open in process,
-so it runs as a subprocess (the worker's Airflow configuration names the DB). Set
-``BATCH_RECONCILE_ARGS`` (e.g. ``--provider openai --conn-id openai=openai_prod``) to choose backends
-and connections.
+so it runs as a subprocess (the worker's Airflow configuration names the DB). By default it checks
+every provider and connection the checkpoints name; set ``BATCH_RECONCILE_ARGS`` (e.g. ``--provider
+openai --conn-id openai=openai_prod``) to choose backends and connections instead.
 """
 
 from __future__ import annotations

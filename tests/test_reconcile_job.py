@@ -109,6 +109,35 @@ def test_served_keys_takes_only_well_formed_checkpoint_records():
     hostile = [("batch_submission", json.dumps({"idempotency_key": "k5", "batch_id": "b5", "num_requests": "9",
                                                 "unsure_since": True, "usd_per_request": -1}))]  # fmt: skip
     assert submissions(hostile) == [Submission("k5", "b5")]  # ill-typed fields are dropped, not trusted
+    full = {"idempotency_key": "k6", "batch_id": "b6", "provider": "anthropic", "conn_id": "claude_prod",
+            "num_requests": 4, "unsure_since": 100.0, "intent_at": 90.0, "usd_per_request": 0.01}  # fmt: skip
+    assert submissions([("batch_submission", json.dumps(full))]) == [
+        Submission(
+            "k6", "b6", "anthropic", 4, unsure_since=100.0, intent_at=90.0, conn_id="claude_prod", usd_per_request=0.01
+        )
+    ]
+
+
+def test_without_providers_every_checkpointed_connection_is_reconciled(
+    anthropic_conn, openai_conn, database, monkeypatch
+):
+    """The hourly run needs no --provider: each intent names its provider and connection (older ones: OpenAI)."""
+    from airflow_batch_provider.jobs import reconcile as reconcile_module
+
+    url, add = database
+    add("batch_submission", {"idempotency_key": "k1", "batch_id": "b1", "provider": "anthropic",
+                             "conn_id": "anthropic_batch_default"})  # fmt: skip
+    add("batch_submission", {"idempotency_key": "k2", "batch_id": "b2"}, map_index=1)  # from before: no provider
+    seen: list[tuple[str, str]] = []
+
+    def record(hook, records, **_):
+        seen.append((hook.provider, hook.conn_id))
+        return []
+
+    monkeypatch.setattr(reconcile_module, "reconcile_unkeyed", record)
+    monkeypatch.setattr(reconcile_module, "reconcile", record)
+    assert main(["reconcile", "--since", "1h", "--database", url]) == 0
+    assert sorted(seen) == [("anthropic", "anthropic_batch_default"), ("openai", "openai_batch_default")]
 
 
 def test_the_maintenance_dag_runs_the_command_hourly():

@@ -157,6 +157,7 @@ def intent_record(hook: BatchHook, chunk: ChunkDescriptor, key: str) -> dict[str
         "idempotency_key": key,
         "intent_at": time.time(),
         "provider": hook.provider,
+        "conn_id": hook.conn_id,
         "num_requests": chunk["num_requests"],
         "usd_per_request": per_request,
     }

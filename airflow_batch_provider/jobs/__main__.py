@@ -33,7 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     gc.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
     rec = commands.add_parser("reconcile", help="cancel late duplicate batches (a key already served)")
     rec.add_argument("--since", required=True, help="how far back to list batches, e.g. 24h, 2d")
-    rec.add_argument("--provider", action="append", default=None, help="backend to check (repeatable; default openai)")
+    rec.add_argument(
+        "--provider",
+        action="append",
+        default=None,
+        help="backend to check (repeatable; default: every provider and connection the checkpoints name)",
+    )
     rec.add_argument("--conn-id", action="append", default=[], help="PROVIDER=CONN_ID (default: the hook's own)")
     rec.add_argument("--database", default=None, help="SQLAlchemy URL of the metadata DB (default: Airflow's)")
     rec.add_argument("--dry-run", action="store_true", help="report duplicates; cancel nothing")
@@ -71,7 +76,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     except InvalidInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    found = run(args.provider or ["openai"], since_seconds=since, conn_ids=conn_ids, database=args.database,
+    found = run(args.provider, since_seconds=since, conn_ids=conn_ids, database=args.database,
                 dry_run=args.dry_run)  # fmt: skip
     for duplicate in found:
         print(duplicate.line())

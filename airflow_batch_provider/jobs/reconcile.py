@@ -60,6 +60,7 @@ class Submission:
     num_requests: int | None = None
     unsure_since: float | None = None  # an earlier create's outcome was unknown from this time on
     intent_at: float | None = None
+    conn_id: str | None = None  # the connection the batch was created through
     usd_per_request: float | None = None  # the chunk's expected price per request
 
     @classmethod
@@ -71,9 +72,16 @@ class Submission:
             return None
         if not isinstance(record, dict) or not _text(record.get("idempotency_key")):
             return None
-        return cls(record["idempotency_key"], _text(record.get("batch_id")), _text(record.get("provider")),
-                   _number(record.get("num_requests"), int), _number(record.get("unsure_since"), float),
-                   _number(record.get("usd_per_request"), float), _number(record.get("intent_at"), float))  # fmt: skip
+        return cls(
+            key=record["idempotency_key"],
+            batch_id=_text(record.get("batch_id")),
+            provider=_text(record.get("provider")),
+            num_requests=_number(record.get("num_requests"), int),
+            unsure_since=_number(record.get("unsure_since"), float),
+            intent_at=_number(record.get("intent_at"), float),
+            conn_id=_text(record.get("conn_id")),
+            usd_per_request=_number(record.get("usd_per_request"), float),
+        )
 
 
 def _text(value: Any) -> str | None:
@@ -253,21 +261,32 @@ def _count(hook: BatchHook, found: list[Duplicate], metrics: BatchMetrics | None
 
 
 def run(
-    providers: Iterable[str],
+    providers: Iterable[str] | None,
     *,
     since_seconds: float,
     conn_ids: Mapping[str, str] | None = None,
     database: str | None = None,
     dry_run: bool = False,
 ) -> list[Duplicate]:
-    """Reconcile every provider in ``providers`` against the checkpoints; return the duplicates found."""
+    """Reconcile each ``(provider, connection)`` against the checkpoints; return the duplicates found.
+
+    ``providers`` None: every provider and connection the checkpoints name (each intent records
+    both), so one hourly run covers whatever this deployment submitted to; ``conn_ids`` overrides a
+    provider's connection.
+    """
     from airflow_batch_provider.hooks.registry import get_batch_hook
 
     records = submissions(checkpoint_rows(database))
     since = time.time() - since_seconds
+    targets = {(name, None) for name in providers} if providers is not None else _used_connections(records)
     found: list[Duplicate] = []
-    for provider in providers:
-        hook: Any = get_batch_hook(provider, (conn_ids or {}).get(provider))
+    for provider, conn_id in sorted(targets, key=str):
+        hook: Any = get_batch_hook(provider, (conn_ids or {}).get(provider) or conn_id)
         match = reconcile if hook.exact_reconcile else reconcile_unkeyed
         found += match(hook, records, since=since, dry_run=dry_run)
     return found
+
+
+def _used_connections(records: Iterable[Submission]) -> set[tuple[str, str | None]]:
+    """The ``(provider, conn_id)`` pairs the checkpoints name; a record from before they did counts as OpenAI's."""
+    return {(record.provider or "openai", record.conn_id) for record in records}

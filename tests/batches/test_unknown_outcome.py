@@ -62,13 +62,16 @@ def test_a_first_attempt_looks_for_its_key_only_as_far_back_as_the_run(openai_co
     and a batch of this key made in the run is still found (no second create)."""
     import time
 
-    monkeypatch.setattr(openai_hook_module, "CLOCK_SKEW_S", 0.5)  # the real 120 s allowance would need a slow test
+    # The real 300 s allowance would need a slow test; created_at has 1 s resolution, so just over 1 s.
+    monkeypatch.setattr(openai_hook_module, "CLOCK_SKEW_S", 1.05)
     hook = OpenAIBatchHook()
-    chunk = write_chunk(tmp_path, [{"custom_id": "k0", "text": "t"}])
+    import uuid
+
+    chunk = write_chunk(tmp_path, [{"custom_id": f"k-{uuid.uuid4().hex}", "text": "t"}])  # a key no other test has
     file_id = hook.upload_file(chunk["requests_path"])
     for _ in range(150):  # the organisation's earlier batches
         hook.create_batch(chunk, input_file_id=file_id, metadata={})
-    time.sleep(1.1)  # created_at has 1 s resolution
+    time.sleep(2.2)  # past the allowance
     run_started = time.time()
     key = idempotency_key("dag", "run", "submit", 0, chunk["fingerprint"])
     metadata = batch_metadata({}, key, "dag", "run", "submit[0]", chunk["label"])
