@@ -88,7 +88,7 @@ def test_openai_lost_answers_make_no_second_batch_and_a_late_create_is_cancelled
                                  completion_window="24h", metadata=original.metadata).id  # fmt: skip
     counted = _counted(deployment)
     started = time.monotonic()
-    out = _reconcile(deployment)
+    out = _reconcile(deployment, "openai")
     print(f"jobs reconcile took {time.monotonic() - started:.1f} s:\n{out}")
     assert f"ALERT late duplicate openai batch {late}: " in out, out
     assert f"served by batch {kept['id']}; cancelled" in out
