@@ -84,6 +84,7 @@ def submit_once(
     prepare: Callable[[], Mapping[str, str]] | None = None,
     metrics: BatchMetrics | None = None,
     key_since: float | None = None,
+    first_try: bool = False,
 ) -> SubmittedBatch:
     """Create ``chunk``'s batch at most once per ``checkpoint``; return the chunk plus its batch id.
 
@@ -93,6 +94,8 @@ def submit_once(
     is about to be created; it may defer the task or return extra metadata. ``key_since`` is a
     time before any batch with ``key`` can have been created (the run's start); without it and
     without a recorded intent, the provider's whole batch list is read to look for the key.
+    ``first_try``: the task's first try in a run never cleared, so no batch with ``key`` can exist
+    before this create (the key names the run and the task): nothing is looked up before it.
     """
     record = _load_record(checkpoint, chunk, log)
     if record and record.get("batch_id"):
@@ -114,7 +117,7 @@ def submit_once(
     # ([state_store] clear_on_success) rather than "never submitted". Without an intent only a
     # stored key can find a batch (back to the run's start); a guess on size has nothing to go on.
     look_from = record or {"intent_at": key_since if hook.exact_reconcile else None}
-    adopted = _adopt(hook, chunk, key, look_from, log)
+    adopted = None if record is None and first_try else _adopt(hook, chunk, key, look_from, log)
     if adopted is not None:
         proof = {"adopted_unproven": True} if adopted.get("adopted_unproven") else {}
         base = {**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": adopted["batch_id"]}
@@ -279,9 +282,11 @@ def _submitted(
     key_since: float | None = None,
 ) -> SubmittedBatch:
     """Return the chunk with its batch; ``key_since``: no batch with ``key`` is older (None: not known)."""
-    known = [t for t in ((record or {}).get("intent_at"), key_since) if isinstance(t, int | float)]
-    return {**chunk, "batch_id": batch_id, "input_file_id": file_id, "idempotency_key": key,
-            "key_since": min(known) if known else None}  # fmt: skip
+    intent_at = (record or {}).get("intent_at")
+    # The chunk's first intent when known: a live batch with the key is younger (an older one would have been
+    # adopted); else the caller's bound.
+    since = intent_at if isinstance(intent_at, int | float) else key_since
+    return {**chunk, "batch_id": batch_id, "input_file_id": file_id, "idempotency_key": key, "key_since": since}
 
 
 def cancel_siblings(

@@ -111,6 +111,7 @@ class SubmitBatchOperator(BaseOperator):
             prepare=lambda: self._prepare(chunk),
             metrics=metrics,
             key_since=self.key_since(context),
+            first_try=self.first_try(context),
         )
         self.log.info("%s: %d requests in batch %s", chunk["label"], chunk["num_requests"], submitted["batch_id"])
         remember_batch_url(self, hook.batch_url(submitted["batch_id"]))
@@ -133,6 +134,17 @@ class SubmitBatchOperator(BaseOperator):
         if dag_run is None or dag_run.start_date is None or dag_run.clear_number:
             return None
         return float(dag_run.start_date.timestamp())
+
+    def first_try(self, context: Context) -> bool:
+        """True on the first try of a run never cleared: no batch with this task's key can exist yet.
+
+        A clear starts a new try (and counts in the run's ``clear_number``), a crash a retry: then
+        the provider is asked before creating. A subclass whose key outlives the run returns False.
+        """
+        ti, dag_run = context.get("ti"), context.get("dag_run")
+        if ti is None or dag_run is None:
+            return False
+        return ti.try_number == 1 and not dag_run.clear_number and self.key_since(context) is not None
 
     def resume_after_budget_wait(
         self, context: Context, event: Any = None, budget_wait_since: float | None = None
