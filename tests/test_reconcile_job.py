@@ -245,3 +245,14 @@ def test_a_late_anthropic_create_after_an_unsure_one_is_cancelled_with_its_cost(
     counted = [(stat, count) for kind, stat, count, _ in stats.calls if kind == "incr"]
     assert counted == [("llm_batch.late_duplicate_batches", 1), ("llm_batch.duplicate_batches_cancelled", 1)]
     assert Checkpoint and submit_once  # the real submit path wrote the record read above
+
+
+def test_a_connection_only_old_checkpoints_name_is_skipped_with_a_warning(anthropic_conn, database, caplog):
+    """An Anthropic-only deployment with records from before intents named their provider: no OpenAI connection."""
+    url, add = database
+    add("batch_submission", {"idempotency_key": "k1", "batch_id": "b1"})  # counts as OpenAI's
+    with caplog.at_level(logging.WARNING):
+        assert main(["reconcile", "--since", "1h", "--database", url]) == 0
+    assert any("'openai_batch_default' of provider openai does not exist" in r.getMessage() for r in caplog.records)
+    with pytest.raises(Exception, match="openai_batch_default"):  # asked for by name: the error stands
+        main(["reconcile", "--since", "1h", "--database", url, "--provider", "openai"])

@@ -33,6 +33,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.status import BatchState, BatchStatus
@@ -283,7 +286,18 @@ def run(
     for provider, conn_id in sorted(targets, key=str):
         hook: Any = get_batch_hook(provider, (conn_ids or {}).get(provider) or conn_id)
         match = reconcile if hook.exact_reconcile else reconcile_unkeyed
-        found += match(hook, records, since=since, dry_run=dry_run)
+        try:
+            found += match(hook, records, since=since, dry_run=dry_run)
+        except (AirflowNotFoundException, ProviderCallError) as error:
+            missing = isinstance(error, AirflowNotFoundException) or isinstance(
+                error.__cause__, AirflowNotFoundException
+            )
+            if providers is not None or not missing:  # asked for by name: a missing connection is the caller's error
+                raise
+            # Named only by old checkpoints (a connection since removed, or a record from before intents
+            # named their provider): say so, and check the others.
+            log.warning("connection %r of provider %s does not exist: its batches were not checked", hook.conn_id,
+                        provider)  # fmt: skip
     return found
 
 
