@@ -7,7 +7,8 @@ received, so a merge task sees the whole history of one chunk in one dict.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict, TypeVar
 
 ResultStatus = Literal["succeeded", "errored", "expired", "canceled", "missing", "invalid_output"]
 
@@ -80,3 +81,22 @@ class ResultRecord(TypedDict):
     http_status: int | None
     input_tokens: int | None
     output_tokens: int | None
+
+
+Given = TypeVar("Given")
+
+
+def descriptor_argument(value: Given, *, task_id: str, argument: str, operator: str) -> Given:
+    """Return ``value``, a descriptor handed to one task; refuse anything else at DAG parse time.
+
+    Descriptors arrive one per mapped task through ``.expand()``. They are not template fields (a
+    rendered copy of each would be stored per task instance, ~1.4 KB per chunk), so Airflow would
+    neither resolve an XCom reference given to the constructor nor make the task wait for its source.
+    """
+    if isinstance(value, Mapping):
+        return value
+    what = "an XCom reference" if hasattr(value, "resolve") else type(value).__name__
+    raise TypeError(
+        f"{task_id}: {argument} takes one descriptor (a dict), got {what}; map over the upstream task's "
+        f"list: {operator}.partial(task_id={task_id!r}, ...).expand({argument}=<upstream>.output)"
+    )

@@ -181,6 +181,24 @@ def test_example_dag_end_to_end(airflow_db, openai_conn, anthropic_conn, provide
     assert stats["requests_processed"] == 3000
     other = "anthropic" if provider == "openai" else "openai"
     assert openai_conn.stats()[other]["batches_created"] == 0
+    assert_no_descriptor_in_rendered_fields(dag.dag_id, run.run_id)
+
+
+def assert_no_descriptor_in_rendered_fields(dag_id: str, run_id: str) -> None:
+    """The rendered fields the run stored hold no copy of a chunk descriptor (XCom already holds it).
+
+    Before: the submit's ``chunk``, the wait's ``batch`` and the merge's ``batches`` were template
+    fields, so every task instance stored its descriptor a second time (2.8 KB per chunk at 100 chunks).
+    """
+    from airflow.models.renderedtifields import RenderedTaskInstanceFields
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        rows = session.query(RenderedTaskInstanceFields).filter_by(dag_id=dag_id, run_id=run_id).all()
+        stored = {row.task_id: row.rendered_fields for row in rows}
+    assert {"submit", "wait", "merge"} <= set(stored), stored.keys()
+    for task_id, fields in stored.items():
+        assert "requests_path" not in str(fields) and "rows_path" not in str(fields), (task_id, fields)
 
 
 @pytest.mark.scenario

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from airflow.sdk import BaseOperator, Context
 
 from airflow_batch_provider.batches.line_retry import is_retryable, write_followup
-from airflow_batch_provider.descriptors import ChunkDescriptor
+from airflow_batch_provider.descriptors import ChunkDescriptor, descriptor_argument
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.job_folder import JobFolder
 from airflow_batch_provider.results.parse import parse_openai_line
@@ -43,7 +43,8 @@ class SelfHostedGenerateOperator(BaseOperator):
 
     provider: ClassVar[str]
     endpoints: ClassVar[tuple[str, ...]] = ("/v1/chat/completions", "/v1/embeddings")
-    template_fields: Sequence[str] = ("chunk", "model", "output_dir")
+    # Not `chunk`: an XCom descriptor, as SubmitBatchOperator.chunk (its rendered copy costs DB per chunk).
+    template_fields: Sequence[str] = ("model", "output_dir")
 
     def __init__(
         self,
@@ -57,7 +58,7 @@ class SelfHostedGenerateOperator(BaseOperator):
     ) -> None:
         # A default in the signature (not kwargs.setdefault) so that .partial() sees it too.
         super().__init__(map_index_template=map_index_template, **kwargs)
-        self.chunk = chunk
+        self.chunk = descriptor_argument(chunk, task_id=self.task_id, argument="chunk", operator=type(self).__name__)
         self.model = model
         self.output_dir = output_dir
         self.overwrite = overwrite

@@ -26,7 +26,7 @@ from airflow_batch_provider.batches.submission import (
     task_ids,
 )
 from airflow_batch_provider.batches.token_budget import BudgetCheck, budget_for, check_budget_value, token_metadata
-from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch
+from airflow_batch_provider.descriptors import ChunkDescriptor, SubmittedBatch, descriptor_argument
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
@@ -57,7 +57,9 @@ class SubmitBatchOperator(BaseOperator):
         sensor then waits out a ``token_limit_exceeded`` refusal and resubmits).
     """
 
-    template_fields: Sequence[str] = ("chunk", "conn_id", "metadata")
+    # Not `chunk`: it comes from XCom (which Airflow never renders), and as a template field its rendered
+    # copy would be stored again for every task instance (~1.4 KB per chunk; docs/performance.md).
+    template_fields: Sequence[str] = ("conn_id", "metadata")
     ui_color = "#e8f1ff"
     operator_extra_links = (BatchConsoleLink(),)
 
@@ -76,7 +78,7 @@ class SubmitBatchOperator(BaseOperator):
     ) -> None:
         # A signature default (not kwargs.setdefault) so that .partial() picks it up for mapped tasks.
         super().__init__(map_index_template=map_index_template, **kwargs)
-        self.chunk = chunk
+        self.chunk = descriptor_argument(chunk, task_id=self.task_id, argument="chunk", operator=type(self).__name__)
         self.conn_id = conn_id
         self.provider = provider
         self.metadata = dict(metadata or {})

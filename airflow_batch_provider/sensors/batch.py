@@ -44,7 +44,7 @@ from airflow_batch_provider.batches.line_retry import (
 from airflow_batch_provider.batches.resubmit import Resubmission
 from airflow_batch_provider.batches.submission import cancel_listed_siblings, cancel_siblings
 from airflow_batch_provider.batches.token_budget import is_token_limit_refusal
-from airflow_batch_provider.descriptors import ChunkDescriptor, CompletedBatch, SubmittedBatch
+from airflow_batch_provider.descriptors import ChunkDescriptor, CompletedBatch, SubmittedBatch, descriptor_argument
 from airflow_batch_provider.exceptions import BatchCancelledError, BatchPollError, BatchProviderError, BatchTimeoutError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
@@ -83,7 +83,8 @@ class BatchCompleteSensor(BaseSensorOperator):
     ``timeout`` (default 25 h) applies to each attempt's batch.
     """
 
-    template_fields: Sequence[str] = ("batch", "conn_id", "poll_interval")
+    # Not `batch`: an XCom descriptor, as SubmitBatchOperator.chunk (its rendered copy costs DB per chunk).
+    template_fields: Sequence[str] = ("conn_id", "poll_interval")
     ui_color = "#fff4d6"
     operator_extra_links = (BatchConsoleLink(),)
 
@@ -110,7 +111,7 @@ class BatchCompleteSensor(BaseSensorOperator):
         super().__init__(map_index_template=map_index_template, **kwargs)
         if isinstance(max_line_retries, bool) or not isinstance(max_line_retries, int) or max_line_retries < 0:
             raise ValueError(f"max_line_retries must be an integer >= 0, got {max_line_retries!r}")
-        self.batch = batch
+        self.batch = descriptor_argument(batch, task_id=self.task_id, argument="batch", operator=type(self).__name__)
         self.conn_id = conn_id
         self.provider = provider
         self.poll_interval = poll_interval
