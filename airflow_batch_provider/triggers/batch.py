@@ -205,7 +205,7 @@ class BatchCompleteTrigger(BaseTrigger):
                     }
                 )
                 return
-            await asyncio.sleep(self.poll_interval)
+            await asyncio.sleep(poller.next_poll_in(self.batch_id, self.poll_interval))
 
     def _success(self, poller: SharedPoller, state: dict[str, Any]) -> TriggerEvent:
         """The terminal event; ``siblings`` when the shared list covered the last poll (the sensor need not list)."""

@@ -9,6 +9,9 @@ triggerer process), the triggers of one ``(provider, conn_id)`` share one poller
   (:meth:`~airflow_batch_provider.hooks.base.BatchHook.alist_states`, as many pages as the waiting
   batches can fill, plus two) and answers every waiting batch it covers; a list taken less than
   half a poll interval ago answers without a new call, and a list already under way is awaited;
+- a trigger answered by a list polls again one interval after that list started
+  (:meth:`SharedPoller.next_poll_in`), so the triggers one list answered wake together and share
+  the next round: one round per interval, however the deferrals were spread over it;
 - a batch the list does not cover (older than the pages read, an on-demand answer, a Gemini batch
   that ended), a lone waiting batch, and a backend without a list (``list_page_size == 0``) are
   retrieved one by one (:meth:`~airflow_batch_provider.hooks.base.BatchHook.aget_state`), as before;
@@ -87,6 +90,7 @@ class SharedPoller:
         self._round: asyncio.Future[Listing | None] | None = None
         self._joined_at: dict[str, float] = {}  # batch id -> when it first joined (monotonic)
         self._answered: dict[str, Listing | None] = {}  # batch id -> the list that covered its last poll
+        self._answer_listed_at: dict[str, float] = {}  # batch id -> start of the list its last state came from
 
     @classmethod
     def join(cls, provider: str, conn_id: str, batch_id: str, hook: BatchHook) -> SharedPoller:
@@ -108,6 +112,7 @@ class SharedPoller:
         self.waiting.pop(batch_id, None)
         self._joined_at.pop(batch_id, None)
         self._answered.pop(batch_id, None)
+        self._answer_listed_at.pop(batch_id, None)
         if self.waiting:
             return
         pollers = _POLLERS.get(asyncio.get_running_loop(), {})
@@ -125,16 +130,31 @@ class SharedPoller:
         own retrieve.
         """
         self._answered.pop(batch_id, None)
+        self._answer_listed_at.pop(batch_id, None)
         listing = None
         if self.hook.list_page_size > 0 and len(self.waiting) > 1:
             listing = await self._list(fresh_within)
             state = listing.states.get(batch_id) if listing else None
-            if state is not None:
+            if listing is not None and state is not None:
                 self._remember(batch_id, state, listing)
+                self._answer_listed_at[batch_id] = listing.started
                 return state
         state = await self.hook.aget_state(batch_id)
         self._remember(batch_id, state, listing)
         return state
+
+    def next_poll_in(self, batch_id: str, interval: float) -> float:
+        """Return the seconds until ``batch_id``'s next poll: ``interval`` after its last state was read.
+
+        A state from a list was read when the list started, maybe up to half an interval before
+        this poll: counting from there, the triggers one list answered wake together and the first
+        of them starts the next round for all. (Each sleeping a full interval after its own poll,
+        triggers spread over the interval needed a new list every half interval: twice the calls.)
+        """
+        listed_at = self._answer_listed_at.get(batch_id)
+        if listed_at is None:  # retrieved on its own just now
+            return interval
+        return max(0.0, listed_at + interval - time.monotonic())
 
     def _remember(self, batch_id: str, state: BatchState, listing: Listing | None) -> None:
         joined_at = self._joined_at.get(batch_id, float("inf"))

@@ -97,6 +97,38 @@ def test_anthropic_triggers_share_one_list_call_per_interval(anthropic_conn, ant
     assert 0.3 <= per_interval <= 1.2
 
 
+def test_triggers_deferred_across_the_interval_share_one_list_per_interval(openai_conn, openai_hook, tmp_path):
+    """Deferrals spread over an interval, as a scheduler starts them, still cost one list round an interval.
+
+    Before, each trigger slept a full interval after its own poll: a list went stale (half an
+    interval) between the first and the last of them, so every interval took two rounds.
+    """
+    interval = 1.0
+    openai_conn.set_faults(slow=7.0)
+    ids = _submit(openai_hook, tmp_path, 8)
+    triggers = [
+        BatchCompleteTrigger(provider="openai", conn_id="openai_batch_default", batch_id=b, poll_interval=interval)
+        for b in ids
+    ]
+
+    async def staggered() -> list[list[Any]]:
+        async def events(delay: float, trigger: BatchCompleteTrigger) -> list[Any]:
+            await asyncio.sleep(delay)
+            return [event async for event in trigger.run()]
+
+        spread = [n * interval / len(triggers) for n in range(len(triggers))]
+        return await asyncio.gather(*(events(delay, t) for delay, t in zip(spread, triggers, strict=True)))
+
+    lists = _calls(openai_conn, "GET /v1/batches")
+    started = time.monotonic()
+    results = asyncio.run(staggered())
+    rounds = (time.monotonic() - started) / interval
+    lists = _calls(openai_conn, "GET /v1/batches") - lists
+    assert [events[0].payload["status"] for events in results] == ["success"] * len(ids)
+    assert rounds >= 4, "the batches ended too soon to show the polling pattern"
+    assert lists / rounds <= 1.4, (lists, rounds)  # two rounds an interval before: ~2
+
+
 def test_a_failing_batch_does_not_stop_the_others(openai_conn, openai_hook, tmp_path):
     """A batch the provider does not know: its own trigger fails after its error streak, the rest end well."""
     openai_conn.set_faults(slow=1.0)
