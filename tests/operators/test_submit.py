@@ -290,37 +290,3 @@ def test_the_sensor_cancels_a_sibling_it_sees_first(openai_conn, openai_hook, tm
     assert openai_hook.get_state(submitted["batch_id"]).status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
     assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
     assert f"cancelling batch {late}" in caplog.text + capsys.readouterr().out
-
-
-def test_the_sensor_cancels_a_sibling_that_lands_after_its_first_look(
-    openai_conn, openai_hook, tmp_path, caplog, capsys
-):
-    """An orphan's create can be in flight for minutes, so it can land while the sensor is deferred:
-    the sensor looks again when its batch ends, before handing it on."""
-    from airflow.sdk.exceptions import TaskDeferred
-
-    from airflow_batch_provider.batches.submission import batch_metadata
-    from airflow_batch_provider.sensors.batch import BatchCompleteSensor
-
-    openai_conn.set_faults(slow=1)  # the followed batch ends a second after it starts
-    store = InMemoryTaskStateStore()
-    chunk = _chunk(tmp_path)
-    submitted = _op(chunk).execute(make_context(store))
-    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
-    context = make_context(InMemoryTaskStateStore())
-    with pytest.raises(TaskDeferred) as deferred:  # first look: no sibling yet
-        sensor.execute(context)
-    openai_conn.set_faults(slow=60)  # the late sibling stays in progress
-    file_id = openai_hook.upload_file(chunk["requests_path"])
-    metadata = batch_metadata({}, submitted["idempotency_key"], "test_dag", "run-1", "submit[0]", "late")
-    late = openai_hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)
-    ended = wait_terminal(openai_hook, submitted["batch_id"])
-    assert ended.status == BatchStatus.COMPLETED
-    caplog.set_level(logging.WARNING)
-    event = {"status": "success", "state": ended.to_dict(), "carry": deferred.value.trigger.carry}
-    result = sensor.execute_complete(context, event)
-    assert result["batch_id"] == submitted["batch_id"] and result["state"]["status"] == "completed"
-    assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
-    assert f"cancelling batch {late}: it has the same idempotency key as batch {submitted['batch_id']}" in (
-        caplog.text + capsys.readouterr().out
-    )

@@ -76,13 +76,18 @@ def test_the_triggers_answer_cancels_the_sibling_without_a_list_call(
     assert openai_hook.get_state(late).status not in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)  # none touched
     openai_hook.cancel(late)
 
-    # No answer (the trigger's batch was retrieved on its own): the sensor lists, as before, and cancels.
+    # No answer (the trigger's batch was retrieved on its own): the sensor lists, as before, and cancels
+    # (an orphan's create can be in flight for minutes, so it can land while the sensor is deferred).
     sensor, context, submitted, late, event = _deferred_with_a_late_sibling(openai_conn, openai_hook, tmp_path, "c")
     counted.clear()
     lists = _list_calls(openai_conn)
-    sensor.execute_complete(context, event)
+    result = sensor.execute_complete(context, event)
     assert _list_calls(openai_conn) > lists
+    assert result["batch_id"] == submitted["batch_id"] and result["state"]["status"] == "completed"
     assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
+    assert f"cancelling batch {late}: it has the same idempotency key as batch {submitted['batch_id']}" in (
+        caplog.text + capsys.readouterr().out
+    )
     assert sum(counted) == 1
 
 
