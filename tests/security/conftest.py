@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 
+from tests.browser import headless_chromium
 from tests.conftest import REPO_ROOT
 from tests.scheduler.deployment import Deployment
 from tests.scheduler.lifecycle import running
 from tests.scheduler.processes import Component, wait_for
 
 DAG_ID = "nightly_product_classification"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 
 
 class ViewServer(Deployment):
@@ -69,23 +68,5 @@ def view_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ViewServer
 @pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A headless Chromium that records every network request and console message (performance/browser logs)."""
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not Path(path).exists():
-            pytest.fail(f"{path} is missing: `make browser-deps` installs Debian's chromium and chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1280,900"):  # fmt: skip
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile"), record_logs=True) as driver:
         yield driver
-    finally:
-        driver.quit()

@@ -8,17 +8,15 @@ browser is Debian's ``chromium`` through ``chromium-driver`` (``make test`` inst
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from tests.browser import headless_chromium
 from tests.conftest import REPO_ROOT
 from tests.scheduler.deployment import Deployment
 from tests.scheduler.lifecycle import running
 
 DAG_ID = "nightly_product_classification"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 NO_ROLE_USER = "nobody"
 
 
@@ -39,23 +37,6 @@ def ui_deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployme
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A headless Chromium with a fresh profile (root needs --no-sandbox), closed at the end."""
-    for path in (CHROMIUM, CHROMEDRIVER):
-        if not Path(path).exists():
-            pytest.fail(f"{path} is missing: `make test` installs Debian's chromium and chromium-driver")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1280,900"):  # fmt: skip
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    try:
+    """A headless Chromium with a fresh profile, closed at the end."""
+    with headless_chromium(tmp_path_factory.mktemp("chromium-profile")) as driver:
         yield driver
-    finally:
-        driver.quit()
