@@ -126,6 +126,7 @@ class BatchCompleteSensor(BaseSensorOperator):
         self._checkpoint: Checkpoint | None = None
         self._cancelled_now: set[str] = set()
         self._listed_siblings: list[str] | None = None  # the trigger's answer: the key's live batches at the end
+        self._trigger_looks = False  # this run left its first sibling look-up to the trigger's shared list
 
     @cached_property
     def hook(self) -> BatchHook:
@@ -156,7 +157,13 @@ class BatchCompleteSensor(BaseSensorOperator):
             self._record = WaitRecord.from_dict(data)
         else:  # the first run, or a record of an earlier submission (submit made a new batch)
             self._record = WaitRecord.start(origin)
-            self._cancel_siblings()
+            # The first look for an orphan's late create. Deferred with a backend whose list carries
+            # keys, the trigger's first poll reads the shared list, which names them at no cost;
+            # listed here, the look read back through every batch created since the chunk's intent:
+            # in a 1,000-chunk job, the whole job's creates for the first chunks (docs/performance.md).
+            self._trigger_looks = self.deferrable and self.hook.lists_keys and self.hook.list_page_size > 0
+            if not self._trigger_looks:
+                self._cancel_siblings()
         return self._record
 
     def _cancel_siblings(self, listed: list[str] | None = None) -> None:
@@ -206,6 +213,12 @@ class BatchCompleteSensor(BaseSensorOperator):
             if isinstance(listed, list) and state.batch_id == record.current.batch_id == self.batch["batch_id"]:
                 self._listed_siblings = [str(batch_id) for batch_id in listed]
             return self._drive(context, state if state.batch_id == record.current.batch_id else None)
+        if status == "siblings":  # the trigger's list named live batches with the key (None: it could not look)
+            listed = event.get("siblings")
+            if record.current.batch_id == self.batch["batch_id"]:
+                self._cancel_siblings([str(batch_id) for batch_id in listed] if isinstance(listed, list) else None)
+            seen = BatchState.from_dict(event["state"]) if event.get("state") else None
+            return self._drive(context, seen if seen and seen.batch_id == record.current.batch_id else None)
         if status == "timeout":
             self._cancel("the sensor timed out")
             raise BatchTimeoutError(f"{self._label}: {event.get('message')}")
@@ -276,6 +289,7 @@ class BatchCompleteSensor(BaseSensorOperator):
                 carry=self.record.to_dict(),
                 progress=progress_base(self.batch, len(self.record.attempts)),
                 idempotency_key=self.batch.get("idempotency_key") if self._follows_submitted else None,
+                first_look=self._trigger_looks and self._follows_submitted,
             ),
             method_name="execute_complete",
             # A backstop only: the trigger fires its own timeout event first, so we can cancel.

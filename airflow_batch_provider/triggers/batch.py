@@ -54,7 +54,12 @@ class BatchCompleteTrigger(BaseTrigger):
     :param carry: small JSON-able record returned as is in the event.
     :param progress: the chunk's fixed progress fields (:func:`~airflow_batch_provider.progress.progress_base`);
         when given, each poll that changes the counts is published for the "LLM batches" view.
-    :param idempotency_key: the key the submit stored on the batch, to name its live siblings at the end.
+    :param idempotency_key: the key the submit stored on the batch: whenever the shared list names
+        live batches with it (an orphaned attempt's late create), the trigger fires a ``siblings``
+        event so that the sensor cancels them, and the terminal event names those left at the end.
+    :param first_look: the sensor left its first sibling look-up to this trigger: the first poll is
+        answered by a list even while the batch waits alone, and when no list could answer it the
+        trigger fires ``siblings`` with None (the sensor then lists on its own).
     """
 
     def __init__(
@@ -73,6 +78,7 @@ class BatchCompleteTrigger(BaseTrigger):
         carry: dict[str, Any] | None = None,
         progress: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
+        first_look: bool = False,
     ) -> None:
         super().__init__()
         self.provider = provider
@@ -88,6 +94,7 @@ class BatchCompleteTrigger(BaseTrigger):
         self.carry = carry
         self.progress = progress
         self.idempotency_key = idempotency_key
+        self.first_look = first_look
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return the class path and JSON-able kwargs that rebuild this trigger."""
@@ -107,6 +114,7 @@ class BatchCompleteTrigger(BaseTrigger):
                 "carry": self.carry,
                 "progress": self.progress,
                 "idempotency_key": self.idempotency_key,
+                "first_look": self.first_look,
             },
         )
 
@@ -156,9 +164,10 @@ class BatchCompleteTrigger(BaseTrigger):
         last_state: dict[str, Any] | None = None
         last_line = ""
         prefix = f"{self.label}: " if self.label else ""
+        looked = not self.first_look
         while True:
             try:
-                state = await poller.poll(self.batch_id, fresh_within=self.poll_interval / 2)
+                state = await poller.poll(self.batch_id, fresh_within=self.poll_interval / 2, list_alone=not looked)
             except BatchProviderError as exc:
                 errors_in_a_row += 1
                 self.log.warning(
@@ -170,16 +179,9 @@ class BatchCompleteTrigger(BaseTrigger):
                     exc,
                 )
                 if errors_in_a_row >= self.max_poll_errors:
-                    yield TriggerEvent(
-                        {
-                            "status": "error",
-                            "batch_id": self.batch_id,
-                            "message": f"polling batch {self.batch_id} failed {errors_in_a_row} times in a row; "
-                            f"last error: {exc}",
-                            "state": last_state,
-                            "carry": self.carry,
-                        }
-                    )
+                    message = f"polling batch {self.batch_id} failed {errors_in_a_row} times in a row; "
+                    message += f"last error: {exc}"
+                    yield self._event("error", last_state, message=message)
                     return
             else:
                 errors_in_a_row = 0
@@ -194,24 +196,26 @@ class BatchCompleteTrigger(BaseTrigger):
                 if state.status.is_terminal:
                     yield self._success(poller, last_state)
                     return
+                named = poller.siblings(self.idempotency_key, self.batch_id) if self.idempotency_key else []
+                # Late creates to cancel, or a first look no list can make (none covered this batch).
+                if named or (named is None and not looked and not poller.answer_pending(self.batch_id)):
+                    yield self._event("siblings", last_state, siblings=named)
+                    return
+                looked = looked or named is not None
             if self.timeout is not None and time.monotonic() - started >= self.timeout:
-                yield TriggerEvent(
-                    {
-                        "status": "timeout",
-                        "batch_id": self.batch_id,
-                        "message": f"batch {self.batch_id} did not end within {self.timeout:.0f} s",
-                        "state": last_state,
-                        "carry": self.carry,
-                    }
-                )
+                message = f"batch {self.batch_id} did not end within {self.timeout:.0f} s"
+                yield self._event("timeout", last_state, message=message)
                 return
             await asyncio.sleep(poller.next_poll_in(self.batch_id, self.poll_interval))
 
+    def _event(self, status: str, state: dict[str, Any] | None, **extra: Any) -> TriggerEvent:
+        """An event the sensor's ``execute_complete`` reads: the last state seen and the carried record."""
+        return TriggerEvent({"status": status, "batch_id": self.batch_id, "state": state, "carry": self.carry, **extra})
+
     def _success(self, poller: SharedPoller, state: dict[str, Any]) -> TriggerEvent:
         """The terminal event; ``siblings`` when the shared list covered the last poll (the sensor need not list)."""
-        payload = {"status": "success", "batch_id": self.batch_id, "state": state, "carry": self.carry}
         siblings = poller.siblings(self.idempotency_key, self.batch_id) if self.idempotency_key else None
-        return TriggerEvent(payload if siblings is None else {**payload, "siblings": siblings})
+        return self._event("success", state) if siblings is None else self._event("success", state, siblings=siblings)
 
     async def on_kill(self) -> None:
         """Cancel the provider batch when the deferred task is killed (Airflow 3.3+), and say it was us."""

@@ -38,12 +38,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from airflow_batch_provider.exceptions import BatchProviderError
+from airflow_batch_provider.status import TERMINAL_STATUSES, BatchStatus
 
 if TYPE_CHECKING:
     from airflow_batch_provider.hooks.base import BatchHook
     from airflow_batch_provider.status import BatchState
 
 log = logging.getLogger(__name__)
+
+# A sibling in these states needs no cancel (a cancelling one was asked already: naming it again
+# would wake its sensor every round until the provider finishes the cancel).
+ENDED_OR_ENDING = TERMINAL_STATUSES | {BatchStatus.CANCELLING}
 
 #: One registry per event loop: a poller's SDK client belongs to the loop that opened it.
 _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], SharedPoller]] = (
@@ -91,6 +96,7 @@ class SharedPoller:
         self._joined_at: dict[str, float] = {}  # batch id -> when it first joined (monotonic)
         self._answered: dict[str, Listing | None] = {}  # batch id -> the list that covered its last poll
         self._answer_listed_at: dict[str, float] = {}  # batch id -> start of the list its last state came from
+        self._pending: set[str] = set()  # batches last answered by a list from before they joined
 
     @classmethod
     def join(cls, provider: str, conn_id: str, batch_id: str, hook: BatchHook) -> SharedPoller:
@@ -113,6 +119,7 @@ class SharedPoller:
         self._joined_at.pop(batch_id, None)
         self._answered.pop(batch_id, None)
         self._answer_listed_at.pop(batch_id, None)
+        self._pending.discard(batch_id)
         if self.waiting:
             return
         pollers = _POLLERS.get(asyncio.get_running_loop(), {})
@@ -123,8 +130,11 @@ class SharedPoller:
         except Exception as exc:  # closing must never turn a finished poll into a failure
             log.warning("could not close the %s client of batch polling: %s", self.hook.provider, exc)
 
-    async def poll(self, batch_id: str, fresh_within: float) -> BatchState:
+    async def poll(self, batch_id: str, fresh_within: float, *, list_alone: bool = False) -> BatchState:
         """Return ``batch_id``'s state: from a list no older than ``fresh_within`` seconds, else retrieved.
+
+        ``list_alone``: read a list even while this batch waits alone, where the list carries keys
+        (the trigger wants :meth:`siblings` answered: its sensor skipped its own look-up).
 
         Raises :class:`~airflow_batch_provider.exceptions.BatchProviderError` only for this batch's
         own retrieve.
@@ -132,7 +142,8 @@ class SharedPoller:
         self._answered.pop(batch_id, None)
         self._answer_listed_at.pop(batch_id, None)
         listing = None
-        if self.hook.list_page_size > 0 and len(self.waiting) > 1:
+        alone_ok = list_alone and self.hook.lists_keys
+        if self.hook.list_page_size > 0 and (len(self.waiting) > 1 or alone_ok):
             listing = await self._list(fresh_within)
             state = listing.states.get(batch_id) if listing else None
             if listing is not None and state is not None:
@@ -158,7 +169,20 @@ class SharedPoller:
 
     def _remember(self, batch_id: str, state: BatchState, listing: Listing | None) -> None:
         joined_at = self._joined_at.get(batch_id, float("inf"))
-        self._answered[batch_id] = listing if listing is not None and listing.covers(state, joined_at) else None
+        covered = listing is not None and listing.covers(state, joined_at)
+        self._answered[batch_id] = listing if covered else None
+        if listing is not None and not covered and listing.started < joined_at:
+            self._pending.add(batch_id)
+        else:
+            self._pending.discard(batch_id)
+
+    def answer_pending(self, batch_id: str) -> bool:
+        """Say whether ``batch_id``'s last poll read a list that began before the batch joined.
+
+        Such a list cannot speak for it, but the next round will: a trigger that wants its siblings
+        named waits for that round rather than fall back to a look-up of its own.
+        """
+        return batch_id in self._pending
 
     def siblings(self, key: str, keep: str) -> list[str] | None:
         """Return the live batches with idempotency ``key`` other than ``keep``, from the list of ``keep``'s last poll.
@@ -197,7 +221,7 @@ class SharedPoller:
                     for state in page:
                         if state.batch_id in wanted:
                             found[state.batch_id] = state
-                        if state.key and not state.status.is_terminal:
+                        if state.key and state.status not in ENDED_OR_ENDING:
                             live_by_key.setdefault(state.key, []).append(state.batch_id)
                         if state.created_at is not None and (oldest is None or state.created_at < oldest):
                             oldest = state.created_at

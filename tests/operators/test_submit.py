@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -267,7 +268,13 @@ def test_an_orphans_create_that_lands_late_is_cancelled_after_the_rerun_creates(
 
 
 def test_the_sensor_cancels_a_sibling_it_sees_first(openai_conn, openai_hook, tmp_path, caplog, capsys):
-    """A late create can land after the submit's own check too: the sensor's first look cancels it."""
+    """A late create can land after the submit's own check too: the first look of the wait cancels it.
+
+    Deferred on OpenAI, that look is the trigger's first poll, answered by a list even while the
+    batch waits alone: the sensor lists nothing itself (before, each sensor read the provider's list
+    back through every batch created since its chunk's intent: 10 pages for the first chunks of a
+    1,000-chunk job), and the trigger's ``siblings`` event wakes it to cancel, then it defers again.
+    """
     from airflow.sdk.exceptions import TaskDeferred
 
     from airflow_batch_provider.batches.submission import batch_metadata
@@ -284,8 +291,24 @@ def test_the_sensor_cancels_a_sibling_it_sees_first(openai_conn, openai_hook, tm
     )
     caplog.set_level(logging.WARNING)
     sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
-    with pytest.raises(TaskDeferred):  # its batch is still running: it defers, after its first look
-        sensor.execute(make_context(InMemoryTaskStateStore()))
+    context = make_context(InMemoryTaskStateStore())
+    lists = openai_conn.stats()["routes"].get("GET /v1/batches", 0)
+    with pytest.raises(TaskDeferred) as deferred:  # its batch is still running: it defers
+        sensor.execute(context)
+    assert openai_conn.stats()["routes"].get("GET /v1/batches", 0) == lists  # no look-up of its own
+    trigger = deferred.value.trigger
+    assert trigger.first_look and trigger.serialize()[1]["first_look"]
+
+    async def events() -> list:
+        return [event async for event in trigger.run()]
+
+    (fired,) = asyncio.run(events())  # the trigger fires one event and ends
+    event = fired.payload
+    assert event["status"] == "siblings" and event["siblings"] == [late]
+    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
+    with pytest.raises(TaskDeferred) as again:  # cancelled the sibling, and waits on for its own batch
+        sensor.execute_complete(context, event)
+    assert not again.value.trigger.first_look
     # Still live (validating lasts one emulator latency, 0.05 s: either state may be seen here).
     assert openai_hook.get_state(submitted["batch_id"]).status in (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
     assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)

@@ -102,3 +102,29 @@ def test_a_named_sibling_that_already_ended_is_not_cancelled(openai_conn, openai
     lists = _list_calls(openai_conn)
     sensor.execute_complete(context, {**event, "siblings": [late]})
     assert _list_calls(openai_conn) == lists and sum(counted) == 0
+
+
+def test_a_look_the_trigger_could_not_make_is_made_by_the_sensor(openai_conn, openai_hook, tmp_path):
+    """No list answered the trigger's first poll (it failed, or did not reach back to the batch): the
+    trigger fires ``siblings`` with None, and the sensor lists on its own, cancels, and defers again."""
+    openai_conn.set_faults(slow=60)
+    chunk = write_chunk(tmp_path / "n", [{"custom_id": f"n{i}", "text": f"t{i}"} for i in range(3)])
+    submitted = SubmitBatchOperator(task_id="submit", chunk=chunk).execute(make_context(InMemoryTaskStateStore()))
+    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
+    context = make_context(InMemoryTaskStateStore())
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context)
+    file_id = openai_hook.upload_file(chunk["requests_path"])
+    metadata = batch_metadata({}, submitted["idempotency_key"], "test_dag", "run-1", "submit[0]", "late")
+    late = openai_hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)
+    live = openai_hook.get_state(submitted["batch_id"]).to_dict()
+    event = {"status": "siblings", "batch_id": live["batch_id"], "siblings": None, "state": live,
+             "carry": deferred.value.trigger.carry}  # fmt: skip
+    lists = _list_calls(openai_conn)
+    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
+    with pytest.raises(TaskDeferred) as again:
+        sensor.execute_complete(context, event)
+    assert _list_calls(openai_conn) > lists
+    assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
+    assert again.value.trigger.batch_id == submitted["batch_id"] and not again.value.trigger.first_look
+    openai_hook.cancel(submitted["batch_id"])

@@ -14,6 +14,7 @@ from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 from airflow_batch_provider.triggers.poller import SharedPoller
 from tests.backends.gemini.conftest import gemini_chunk, gemini_conn, gemini_hook  # noqa: F401 (fixtures)
+from tests.conftest import wait_terminal
 from tests.support import write_chunk
 
 KEY_A, KEY_B = "a" * 40, "b" * 40
@@ -72,8 +73,12 @@ def test_the_poller_names_the_live_siblings_its_list_saw(openai_conn, openai_hoo
         openai_hook.cancel(batch_id)
 
 
-def test_the_terminal_event_carries_the_siblings_the_list_saw(openai_conn, openai_hook, tmp_path):
-    """A and B end while C still waits (so every round is a list): A's event names its live sibling, B's none."""
+def test_a_live_sibling_wakes_the_sensor_and_the_terminal_event_names_none(openai_conn, openai_hook, tmp_path):
+    """A and B end while C still waits (so every round is a list).
+
+    A's live sibling (an orphan's late create) is named as soon as a list shows it: a ``siblings``
+    event before A ends, so that the sensor cancels it while it still runs; B ends with none named.
+    """
     openai_conn.set_faults(slow=1.0)  # A and B end about a second after they start
     first, second = _create(openai_hook, tmp_path, "a", KEY_A), _create(openai_hook, tmp_path, "b", KEY_B)
     openai_conn.set_faults(slow=60)  # the sibling and the companion stay in progress
@@ -94,8 +99,9 @@ def test_the_terminal_event_carries_the_siblings_the_list_saw(openai_conn, opena
         return await asyncio.gather(*(events(t) for t in triggers))
 
     payloads = [events[0].payload for events in asyncio.run(run_all())]
-    assert [p["status"] for p in payloads] == ["success", "success", "timeout"]
-    assert payloads[0]["state"]["status"] == payloads[1]["state"]["status"] == "completed"
+    assert [p["status"] for p in payloads] == ["siblings", "success", "timeout"]
+    assert payloads[0]["state"]["status"] in ("validating", "in_progress") and payloads[0]["batch_id"] == first
+    assert payloads[1]["state"]["status"] == "completed"
     assert payloads[0]["siblings"] == [sibling]
     assert payloads[1]["siblings"] == []
     assert "siblings" not in payloads[2]  # a timeout, and no key: nothing to name
@@ -144,8 +150,18 @@ def test_gemini_keys_from_the_display_name_and_an_ended_batch_gets_an_answer(gem
         return await asyncio.gather(*(events(t) for t in triggers))
 
     payloads = [events[0].payload for events in asyncio.run(run_all())]
-    assert [p["status"] for p in payloads] == ["success", "timeout"]
+    assert [p["status"] for p in payloads] == ["siblings", "timeout"]  # named while the first batch runs
     assert payloads[0]["siblings"] == [sibling]
+    # Polled again once it has ended (here alone, reading a list as for a first look): the Gemini list
+    # leaves the ended batch out, but it read every page, so it still covers it and names the sibling.
+    wait_terminal(gemini_hook, first)
+    again = BatchCompleteTrigger(**{**triggers[0].serialize()[1], "first_look": True})
+
+    async def ended() -> list[Any]:
+        return [event async for event in again.run()]
+
+    (event,) = asyncio.run(ended())
+    assert event.payload["status"] == "success" and event.payload["siblings"] == [sibling]
     for batch_id in (sibling, companion):
         gemini_hook.cancel(batch_id)
 
@@ -171,3 +187,34 @@ def test_a_backend_whose_list_carries_no_keys_gets_no_answer(anthropic_conn, ant
     assert asyncio.run(scenario()) is None
     for batch_id in (first, second):
         anthropic_hook.cancel(batch_id)
+
+
+def test_a_first_look_waits_for_a_round_that_began_after_the_batch_joined(openai_conn, openai_hook, tmp_path):
+    """A trigger that joins while the shared list is fresh gets its state from that list's round or a
+    retrieve, but the list began before it joined and cannot say "no siblings" for it: the trigger
+    waits for the next round (one interval) instead of waking its sensor to list on its own — in a
+    1,000-chunk job every trigger joins that way."""
+    openai_conn.set_faults(slow=60)
+    companions = [_create(openai_hook, tmp_path, f"c{n}", None) for n in range(2)]
+    openai_conn.set_faults(slow=2.5)
+    late_joiner = _create(openai_hook, tmp_path, "j", KEY_A)
+
+    def trigger(batch_id: str, **kwargs: Any) -> BatchCompleteTrigger:
+        return BatchCompleteTrigger(provider="openai", conn_id="openai_batch_default", batch_id=batch_id,
+                                    poll_interval=1.0, **kwargs)  # fmt: skip
+
+    triggers = [trigger(b, timeout=3.5) for b in companions]
+    joiner = trigger(late_joiner, idempotency_key=KEY_A, first_look=True)
+
+    async def run_all() -> list[list[Any]]:
+        async def events(t: BatchCompleteTrigger, delay: float) -> list[Any]:
+            await asyncio.sleep(delay)
+            return [event async for event in t.run()]
+
+        return await asyncio.gather(events(triggers[0], 0), events(triggers[1], 0), events(joiner, 0.3))
+
+    results = asyncio.run(run_all())
+    assert [e.payload["status"] for e in results[2]] == ["success"], results[2]  # no "siblings" with None
+    assert results[2][0].payload["siblings"] == []
+    for batch_id in companions:
+        openai_hook.cancel(batch_id)
