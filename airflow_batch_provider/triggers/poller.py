@@ -18,9 +18,10 @@ triggerer process), the triggers of one ``(provider, conn_id)`` share one poller
 - a list call that fails is logged and every batch is retrieved on its own for that round, so a
   retrieve that fails still counts against its own trigger's ``max_poll_errors`` and no other's.
 
-The pages read also name the live batches that carry an idempotency key: when a batch ends and
-the list of its round covered it (:meth:`SharedPoller.siblings`), its trigger hands the sensor the
-live batches with its key, so the sensor's end-of-wait sibling check costs no list call of its own.
+The pages read also name the live batches that carry an idempotency key: whenever the list of a
+batch's round covered it (:meth:`SharedPoller.siblings`), its trigger can hand the sensor the live
+batches with its key — at once when there are some (an orphan's late create to cancel), and at the
+end — so the sensor's sibling look-ups, first and last, cost no list call of their own.
 
 All calls go through one hook (the first trigger's), so the triggerer keeps one SDK client and one
 connection pool per provider connection, not one per deferred batch; it is closed when the last
