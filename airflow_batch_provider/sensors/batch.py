@@ -127,6 +127,7 @@ class BatchCompleteSensor(BaseSensorOperator):
         self._cancelled_now: set[str] = set()
         self._listed_siblings: list[str] | None = None  # the trigger's answer: the key's live batches at the end
         self._trigger_looks = False  # this run left its first sibling look-up to the trigger's shared list
+        self._known_siblings: list[str] = []  # siblings the trigger named and this run asked to cancel
 
     @cached_property
     def hook(self) -> BatchHook:
@@ -216,7 +217,9 @@ class BatchCompleteSensor(BaseSensorOperator):
         if status == "siblings":  # the trigger's list named live batches with the key (None: it could not look)
             listed = event.get("siblings")
             if record.current.batch_id == self.batch["batch_id"]:
-                self._cancel_siblings([str(batch_id) for batch_id in listed] if isinstance(listed, list) else None)
+                named = [str(batch_id) for batch_id in listed] if isinstance(listed, list) else None
+                self._cancel_siblings(named)
+                self._known_siblings = named or []  # the next trigger wakes us only for others
             seen = BatchState.from_dict(event["state"]) if event.get("state") else None
             return self._drive(context, seen if seen and seen.batch_id == record.current.batch_id else None)
         if status == "timeout":
@@ -290,6 +293,7 @@ class BatchCompleteSensor(BaseSensorOperator):
                 progress=progress_base(self.batch, len(self.record.attempts)),
                 idempotency_key=self.batch.get("idempotency_key") if self._follows_submitted else None,
                 first_look=self._trigger_looks and self._follows_submitted,
+                known_siblings=self._known_siblings if self._follows_submitted else None,
             ),
             method_name="execute_complete",
             # A backstop only: the trigger fires its own timeout event first, so we can cancel.

@@ -60,6 +60,10 @@ class BatchCompleteTrigger(BaseTrigger):
     :param first_look: the sensor left its first sibling look-up to this trigger: the first poll is
         answered by a list even while the batch waits alone, and when no list could answer it the
         trigger fires ``siblings`` with None (the sensor then lists on its own).
+    :param known_siblings: siblings the sensor was handed already (it asked the provider to cancel
+        them): while only these are live no ``siblings`` event fires, so a sibling whose cancel the
+        provider is slow to act on does not wake the sensor every interval; the terminal event still
+        names every live sibling, for the sensor's last cancel.
     """
 
     def __init__(
@@ -79,6 +83,7 @@ class BatchCompleteTrigger(BaseTrigger):
         progress: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         first_look: bool = False,
+        known_siblings: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.provider = provider
@@ -95,6 +100,7 @@ class BatchCompleteTrigger(BaseTrigger):
         self.progress = progress
         self.idempotency_key = idempotency_key
         self.first_look = first_look
+        self.known_siblings = list(known_siblings or ())
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Return the class path and JSON-able kwargs that rebuild this trigger."""
@@ -115,6 +121,7 @@ class BatchCompleteTrigger(BaseTrigger):
                 "progress": self.progress,
                 "idempotency_key": self.idempotency_key,
                 "first_look": self.first_look,
+                "known_siblings": self.known_siblings,
             },
         )
 
@@ -197,8 +204,9 @@ class BatchCompleteTrigger(BaseTrigger):
                     yield self._success(poller, last_state)
                     return
                 named = poller.siblings(self.idempotency_key, self.batch_id) if self.idempotency_key else []
-                # Late creates to cancel, or a first look no list can make (none covered this batch).
-                if named or (named is None and not looked and not poller.answer_pending(self.batch_id)):
+                # Late creates not yet handed on, or a first look no list can make (none covered this batch).
+                unknown = [batch_id for batch_id in named or () if batch_id not in self.known_siblings]
+                if unknown or (named is None and not looked and not poller.answer_pending(self.batch_id)):
                     yield self._event("siblings", last_state, siblings=named)
                     return
                 looked = looked or named is not None

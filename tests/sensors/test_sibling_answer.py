@@ -128,3 +128,28 @@ def test_a_look_the_trigger_could_not_make_is_made_by_the_sensor(openai_conn, op
     assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
     assert again.value.trigger.batch_id == submitted["batch_id"] and not again.value.trigger.first_look
     openai_hook.cancel(submitted["batch_id"])
+
+
+def test_the_next_trigger_knows_the_siblings_already_cancelled(openai_conn, openai_hook, tmp_path):
+    """A ``siblings`` event mid-wait: the sensor cancels the named batch and defers again with it known,
+    so a sibling the provider is slow to cancel does not wake the sensor at every poll."""
+    openai_conn.set_faults(slow=60)
+    chunk = write_chunk(tmp_path / "k", [{"custom_id": f"k{i}", "text": f"t{i}"} for i in range(3)])
+    submitted = SubmitBatchOperator(task_id="submit", chunk=chunk).execute(make_context(InMemoryTaskStateStore()))
+    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
+    context = make_context(InMemoryTaskStateStore())
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(context)
+    assert deferred.value.trigger.known_siblings == []
+    file_id = openai_hook.upload_file(chunk["requests_path"])
+    metadata = batch_metadata({}, submitted["idempotency_key"], "test_dag", "run-1", "submit[0]", "late")
+    late = openai_hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)
+    live = openai_hook.get_state(submitted["batch_id"]).to_dict()
+    event = {"status": "siblings", "batch_id": live["batch_id"], "siblings": [late], "state": live,
+             "carry": deferred.value.trigger.carry}  # fmt: skip
+    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
+    with pytest.raises(TaskDeferred) as again:
+        sensor.execute_complete(context, event)
+    assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
+    assert again.value.trigger.known_siblings == [late]
+    openai_hook.cancel(submitted["batch_id"])

@@ -110,6 +110,31 @@ def test_a_live_sibling_wakes_the_sensor_and_the_terminal_event_names_none(opena
         openai_hook.cancel(batch_id)
 
 
+def test_a_sibling_already_handed_on_does_not_wake_the_sensor_again(openai_conn, openai_hook, tmp_path):
+    """The sensor was handed the sibling and asked for its cancel, but it still runs (a provider slow to
+    act on a cancel): the next trigger stays quiet about it, and only the terminal event names it again."""
+    openai_conn.set_faults(slow=1.0)
+    first = _create(openai_hook, tmp_path, "a", KEY_A)
+    openai_conn.set_faults(slow=60)
+    sibling, companion = _create(openai_hook, tmp_path, "late", KEY_A), _create(openai_hook, tmp_path, "c", None)
+    kwargs: dict[str, Any] = {"provider": "openai", "conn_id": "openai_batch_default", "poll_interval": 0.2}
+    known = BatchCompleteTrigger(batch_id=first, idempotency_key=KEY_A, known_siblings=[sibling], **kwargs)
+    known = BatchCompleteTrigger(**known.serialize()[1])  # as the triggerer rebuilds it
+    triggers = [known, BatchCompleteTrigger(batch_id=companion, timeout=3.0, **kwargs)]  # every round a list
+
+    async def run_all() -> list[list[Any]]:
+        async def events(t: BatchCompleteTrigger) -> list[Any]:
+            return [event async for event in t.run()]
+
+        return await asyncio.gather(*(events(t) for t in triggers))
+
+    payloads = [events[0].payload for events in asyncio.run(run_all())]
+    assert [p["status"] for p in payloads] == ["success", "timeout"]  # no "siblings" event for a known one
+    assert payloads[0]["state"]["status"] == "completed" and payloads[0]["siblings"] == [sibling]
+    for batch_id in (sibling, companion):
+        openai_hook.cancel(batch_id)
+
+
 def test_a_batch_waiting_alone_ends_without_an_answer(openai_conn, openai_hook, tmp_path):
     """No list covered its last poll (it was retrieved on its own): the event leaves the check to the sensor."""
     openai_conn.set_faults(slow=0.5)
