@@ -104,11 +104,14 @@ def test_a_named_sibling_that_already_ended_is_not_cancelled(openai_conn, openai
     assert _list_calls(openai_conn) == lists and sum(counted) == 0
 
 
-def test_a_look_the_trigger_could_not_make_is_made_by_the_sensor(openai_conn, openai_hook, tmp_path):
-    """No list answered the trigger's first poll (it failed, or did not reach back to the batch): the
-    trigger fires ``siblings`` with None, and the sensor lists on its own, cancels, and defers again."""
+def _deferred_while_a_sibling_lands(openai_conn: Any, openai_hook: Any, tmp_path: Any, name: str) -> tuple[Any, ...]:
+    """Submit a chunk that stays in progress, defer its sensor, then land a live sibling (a late create).
+
+    Returns the submitted descriptor, the sensor's context, the first trigger, the sibling's id, and
+    a mid-wait ``siblings`` event for the submitted batch without names (the caller adds them).
+    """
     openai_conn.set_faults(slow=60)
-    chunk = write_chunk(tmp_path / "n", [{"custom_id": f"n{i}", "text": f"t{i}"} for i in range(3)])
+    chunk = write_chunk(tmp_path / name, [{"custom_id": f"{name}{i}", "text": f"t{i}"} for i in range(3)])
     submitted = SubmitBatchOperator(task_id="submit", chunk=chunk).execute(make_context(InMemoryTaskStateStore()))
     sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
     context = make_context(InMemoryTaskStateStore())
@@ -118,12 +121,19 @@ def test_a_look_the_trigger_could_not_make_is_made_by_the_sensor(openai_conn, op
     metadata = batch_metadata({}, submitted["idempotency_key"], "test_dag", "run-1", "submit[0]", "late")
     late = openai_hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)
     live = openai_hook.get_state(submitted["batch_id"]).to_dict()
-    event = {"status": "siblings", "batch_id": live["batch_id"], "siblings": None, "state": live,
-             "carry": deferred.value.trigger.carry}  # fmt: skip
+    trigger = deferred.value.trigger
+    event = {"status": "siblings", "batch_id": live["batch_id"], "state": live, "carry": trigger.carry}
+    return submitted, context, trigger, late, event
+
+
+def test_a_look_the_trigger_could_not_make_is_made_by_the_sensor(openai_conn, openai_hook, tmp_path):
+    """No list answered the trigger's first poll (it failed, or did not reach back to the batch): the
+    trigger fires ``siblings`` with None, and the sensor lists on its own, cancels, and defers again."""
+    submitted, context, _, late, event = _deferred_while_a_sibling_lands(openai_conn, openai_hook, tmp_path, "n")
     lists = _list_calls(openai_conn)
     sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
     with pytest.raises(TaskDeferred) as again:
-        sensor.execute_complete(context, event)
+        sensor.execute_complete(context, {**event, "siblings": None})
     assert _list_calls(openai_conn) > lists
     assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
     assert again.value.trigger.batch_id == submitted["batch_id"] and not again.value.trigger.first_look
@@ -133,23 +143,11 @@ def test_a_look_the_trigger_could_not_make_is_made_by_the_sensor(openai_conn, op
 def test_the_next_trigger_knows_the_siblings_already_cancelled(openai_conn, openai_hook, tmp_path):
     """A ``siblings`` event mid-wait: the sensor cancels the named batch and defers again with it known,
     so a sibling the provider is slow to cancel does not wake the sensor at every poll."""
-    openai_conn.set_faults(slow=60)
-    chunk = write_chunk(tmp_path / "k", [{"custom_id": f"k{i}", "text": f"t{i}"} for i in range(3)])
-    submitted = SubmitBatchOperator(task_id="submit", chunk=chunk).execute(make_context(InMemoryTaskStateStore()))
-    sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
-    context = make_context(InMemoryTaskStateStore())
-    with pytest.raises(TaskDeferred) as deferred:
-        sensor.execute(context)
-    assert deferred.value.trigger.known_siblings == []
-    file_id = openai_hook.upload_file(chunk["requests_path"])
-    metadata = batch_metadata({}, submitted["idempotency_key"], "test_dag", "run-1", "submit[0]", "late")
-    late = openai_hook.create_batch(chunk, input_file_id=file_id, metadata=metadata)
-    live = openai_hook.get_state(submitted["batch_id"]).to_dict()
-    event = {"status": "siblings", "batch_id": live["batch_id"], "siblings": [late], "state": live,
-             "carry": deferred.value.trigger.carry}  # fmt: skip
+    submitted, context, first, late, event = _deferred_while_a_sibling_lands(openai_conn, openai_hook, tmp_path, "k")
+    assert first.known_siblings == []
     sensor = BatchCompleteSensor(task_id="wait", batch=submitted, poll_interval=0.05, deferrable=True)
     with pytest.raises(TaskDeferred) as again:
-        sensor.execute_complete(context, event)
+        sensor.execute_complete(context, {**event, "siblings": [late]})
     assert openai_hook.get_state(late).status in (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
     assert again.value.trigger.known_siblings == [late]
     openai_hook.cancel(submitted["batch_id"])
