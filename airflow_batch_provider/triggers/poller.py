@@ -83,21 +83,28 @@ class Listing:
         )
 
 
+@dataclass
+class Waiting:
+    """One batch waiting in a poller: who waits on it since when, and where its last state came from."""
+
+    joined_at: float  # time.monotonic() when its first trigger joined
+    triggers: int = 1  # triggers waiting on it (a rerun may double up)
+    covered_by: Listing | None = None  # the list that covered its last poll (it can name siblings)
+    listed_at: float | None = None  # start of the list its last state came from; None: retrieved
+    pending: bool = False  # its last state came from a list that began before it joined
+
+
 class SharedPoller:
     """The poller of one ``(provider, conn_id)`` in one event loop; get it with :meth:`join`."""
 
     def __init__(self, key: tuple[str, str], hook: BatchHook) -> None:
         self.key = key
         self.hook = hook
-        self.waiting: dict[str, int] = {}  # batch id -> triggers waiting on it (a rerun may double up)
+        self.waiting: dict[str, Waiting] = {}  # batch id -> its record, while a trigger waits on it
         self.list_calls = 0  # for tests and benchmarks: list pages read
         self._listed: Listing | None = None  # the last list round; None: none yet, or it failed
         self._listed_at = float("-inf")
         self._round: asyncio.Future[Listing | None] | None = None
-        self._joined_at: dict[str, float] = {}  # batch id -> when it first joined (monotonic)
-        self._answered: dict[str, Listing | None] = {}  # batch id -> the list that covered its last poll
-        self._answer_listed_at: dict[str, float] = {}  # batch id -> start of the list its last state came from
-        self._pending: set[str] = set()  # batches last answered by a list from before they joined
 
     @classmethod
     def join(cls, provider: str, conn_id: str, batch_id: str, hook: BatchHook) -> SharedPoller:
@@ -106,21 +113,19 @@ class SharedPoller:
         poller = pollers.get((provider, conn_id))
         if poller is None:
             poller = pollers[provider, conn_id] = cls((provider, conn_id), hook)
-        poller.waiting[batch_id] = poller.waiting.get(batch_id, 0) + 1
-        poller._joined_at.setdefault(batch_id, time.monotonic())
+        if waiting := poller.waiting.get(batch_id):
+            waiting.triggers += 1
+        else:
+            poller.waiting[batch_id] = Waiting(joined_at=time.monotonic())
         return poller
 
     async def leave(self, batch_id: str) -> None:
         """Stop polling ``batch_id``; the last trigger to leave closes the shared SDK client."""
-        left = self.waiting.get(batch_id, 0) - 1
-        if left > 0:
-            self.waiting[batch_id] = left
+        waiting = self.waiting.get(batch_id)
+        if waiting is not None and waiting.triggers > 1:
+            waiting.triggers -= 1
             return
         self.waiting.pop(batch_id, None)
-        self._joined_at.pop(batch_id, None)
-        self._answered.pop(batch_id, None)
-        self._answer_listed_at.pop(batch_id, None)
-        self._pending.discard(batch_id)
         if self.waiting:
             return
         pollers = _POLLERS.get(asyncio.get_running_loop(), {})
@@ -140,19 +145,18 @@ class SharedPoller:
         Raises :class:`~airflow_batch_provider.exceptions.BatchProviderError` only for this batch's
         own retrieve.
         """
-        self._answered.pop(batch_id, None)
-        self._answer_listed_at.pop(batch_id, None)
+        if waiting := self.waiting.get(batch_id):  # a poll that fails leaves no answer behind
+            waiting.covered_by = waiting.listed_at = None
         listing = None
         alone_ok = list_alone and self.hook.lists_keys
         if self.hook.list_page_size > 0 and (len(self.waiting) > 1 or alone_ok):
             listing = await self._list(fresh_within)
             state = listing.states.get(batch_id) if listing else None
             if listing is not None and state is not None:
-                self._remember(batch_id, state, listing)
-                self._answer_listed_at[batch_id] = listing.started
+                self._remember(batch_id, state, listing, listed=True)
                 return state
         state = await self.hook.aget_state(batch_id)
-        self._remember(batch_id, state, listing)
+        self._remember(batch_id, state, listing, listed=False)
         return state
 
     def next_poll_in(self, batch_id: str, interval: float) -> float:
@@ -163,19 +167,20 @@ class SharedPoller:
         of them starts the next round for all. (Each sleeping a full interval after its own poll,
         triggers spread over the interval needed a new list every half interval: twice the calls.)
         """
-        listed_at = self._answer_listed_at.get(batch_id)
-        if listed_at is None:  # retrieved on its own just now
+        waiting = self.waiting.get(batch_id)
+        if waiting is None or waiting.listed_at is None:  # retrieved on its own just now
             return interval
-        return max(0.0, listed_at + interval - time.monotonic())
+        return max(0.0, waiting.listed_at + interval - time.monotonic())
 
-    def _remember(self, batch_id: str, state: BatchState, listing: Listing | None) -> None:
-        joined_at = self._joined_at.get(batch_id, float("inf"))
-        covered = listing is not None and listing.covers(state, joined_at)
-        self._answered[batch_id] = listing if covered else None
-        if listing is not None and not covered and listing.started < joined_at:
-            self._pending.add(batch_id)
-        else:
-            self._pending.discard(batch_id)
+    def _remember(self, batch_id: str, state: BatchState, listing: Listing | None, *, listed: bool) -> None:
+        """Record where ``batch_id``'s state came from: ``listing`` (``listed``), or a retrieve after it."""
+        waiting = self.waiting.get(batch_id)
+        if waiting is None:  # polled without joining (a test's direct call): nothing to answer later
+            return
+        covered = listing is not None and listing.covers(state, waiting.joined_at)
+        waiting.covered_by = listing if covered else None
+        waiting.listed_at = listing.started if listed and listing is not None else None
+        waiting.pending = listing is not None and not covered and listing.started < waiting.joined_at
 
     def answer_pending(self, batch_id: str) -> bool:
         """Say whether ``batch_id``'s last poll read a list that began before the batch joined.
@@ -183,7 +188,8 @@ class SharedPoller:
         Such a list cannot speak for it, but the next round will: a trigger that wants its siblings
         named waits for that round rather than fall back to a look-up of its own.
         """
-        return batch_id in self._pending
+        waiting = self.waiting.get(batch_id)
+        return waiting is not None and waiting.pending
 
     def siblings(self, key: str, keep: str) -> list[str] | None:
         """Return the live batches with idempotency ``key`` other than ``keep``, from the list of ``keep``'s last poll.
@@ -192,7 +198,8 @@ class SharedPoller:
         the backend lists nothing, or the list failed or did not reach back to it) or the backend's
         list carries no keys (:attr:`~airflow_batch_provider.hooks.base.BatchHook.lists_keys`): ask the provider.
         """
-        listing = self._answered.get(keep)
+        waiting = self.waiting.get(keep)
+        listing = waiting.covered_by if waiting is not None else None
         if listing is None or not self.hook.lists_keys:  # a list without keys cannot tell a sibling
             return None
         return [batch_id for batch_id in listing.live_by_key.get(key, ()) if batch_id != keep]
