@@ -17,7 +17,6 @@ import datetime as dt
 import email.utils
 import time
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
-from functools import cached_property
 from typing import Any, ClassVar
 
 import anthropic
@@ -30,13 +29,10 @@ from airflow_batch_provider.backends.anthropic.results import parse_anthropic_re
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
-from airflow_batch_provider.hooks.base import BatchHook
-from airflow_batch_provider.hooks.sdk_clients import anew_client, connection_client_kwargs, new_client
+from airflow_batch_provider.hooks.sdk_hook import SdkBatchHook
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.utils.retry import (
-    RetryPolicy,
-    acall_with_retries,
     call_with_retries,
     iter_with_restarts,
     retry_after_seconds,
@@ -142,7 +138,7 @@ def _epoch(value: dt.datetime | str) -> float:
     return float(value.timestamp())
 
 
-class AnthropicBatchHook(BatchHook):
+class AnthropicBatchHook(SdkBatchHook[anthropic.Anthropic, anthropic.AsyncAnthropic]):
     """Submit chunk files as Anthropic Message Batches, poll, cancel and stream results.
 
     :param conn_id: Airflow connection id (type ``anthropic_batch`` or ``anthropic``).
@@ -160,49 +156,13 @@ class AnthropicBatchHook(BatchHook):
     provider: ClassVar[str] = "anthropic"
     limits: ClassVar[ProviderLimits] = ANTHROPIC_LIMITS
 
-    def __init__(
-        self,
-        conn_id: str | None = None,
-        *,
-        retry_policy: RetryPolicy | None = None,
-        max_retries: int = 2,
-        timeout: float = 600.0,
-    ) -> None:
-        super().__init__(conn_id)
-        self.retry_policy = retry_policy or RetryPolicy()
-        self.max_retries = max_retries
-        self.timeout = timeout
-        self._async_client: anthropic.AsyncAnthropic | None = None
+    sync_client_class = anthropic.Anthropic
+    async_client_class = anthropic.AsyncAnthropic
+    sdk_error = anthropic.AnthropicError
 
-    def _client_kwargs(self, conn: Any) -> dict[str, Any]:
-        kwargs = connection_client_kwargs(conn, max_retries=self.max_retries, timeout=self.timeout)
-        if not kwargs["api_key"]:
-            raise anthropic.AnthropicError(
-                f"Connection {self.conn_id!r} has no API key: put it in the connection's password field."
-            )
-        return kwargs
-
-    @cached_property
-    def client(self) -> anthropic.Anthropic:
-        """The synchronous SDK client, built once from the connection."""
-        return new_client(anthropic.Anthropic, self._client_kwargs(self.get_connection(self.conn_id)))
-
-    def get_conn(self) -> anthropic.Anthropic:
-        """Return the synchronous SDK client."""
-        return self.client
-
-    async def aget_client(self) -> anthropic.AsyncAnthropic:
-        """Return the async SDK client (connection read without blocking the event loop)."""
-        if self._async_client is None:
-            conn = await self.aget_connection(self.conn_id)
-            self._async_client = await anew_client(anthropic.AsyncAnthropic, lambda: self._client_kwargs(conn))
-        return self._async_client
-
-    def _call(self, what: str, fn: Any) -> Any:
-        return call_with_retries(fn, what=what, classify=classify_anthropic_error, policy=self.retry_policy)
-
-    async def _acall(self, what: str, fn: Any) -> Any:
-        return await acall_with_retries(fn, what=what, classify=classify_anthropic_error, policy=self.retry_policy)
+    def classify_error(self, exc: BaseException) -> tuple[bool, float | None]:
+        """Classify an Anthropic SDK error for the retry policy (:func:`classify_anthropic_error`)."""
+        return classify_anthropic_error(exc)
 
     def create_batch(self, chunk: ChunkDescriptor, *, input_file_id: str | None, metadata: Mapping[str, str]) -> str:
         """Read the chunk's ``{custom_id, params}`` lines and create one Message Batch from them.

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import openai
@@ -27,14 +26,13 @@ from airflow_batch_provider.backends.openai.states import (
 from airflow_batch_provider.batches.token_budget import tokens_from_metadata
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
-from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, BatchHook
-from airflow_batch_provider.hooks.sdk_clients import anew_client, connection_client_kwargs, new_client
+from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY
+from airflow_batch_provider.hooks.sdk_clients import connection_client_kwargs
+from airflow_batch_provider.hooks.sdk_hook import SdkBatchHook
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.utils.retry import (
-    RetryPolicy,
-    acall_with_retries,
     call_with_retries,
     iter_with_restarts,
 )
@@ -52,7 +50,7 @@ CREATE_WITHIN = 180.0
 CLOCK_SKEW_S = 300.0
 
 
-class OpenAIBatchHook(BatchHook):
+class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
     """Submit chunk files to the OpenAI Batch API, poll, cancel and stream results.
 
     :param conn_id: Airflow connection id (type ``openai_batch`` or ``openai``).
@@ -73,23 +71,18 @@ class OpenAIBatchHook(BatchHook):
     exact_reconcile: ClassVar[bool] = True
     supports_token_budget: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        conn_id: str | None = None,
-        *,
-        retry_policy: RetryPolicy | None = None,
-        max_retries: int = 2,
-        timeout: float = 600.0,
-    ) -> None:
-        super().__init__(conn_id)
-        self.retry_policy = retry_policy or RetryPolicy()
-        self.max_retries = max_retries
-        self.timeout = timeout
+    sync_client_class = openai.OpenAI
+    async_client_class = openai.AsyncOpenAI
+    sdk_error = openai.OpenAIError
 
     # -- clients ---------------------------------------------------------------------------------
-    def _client_kwargs(self, conn: Any) -> dict[str, Any]:
+    def classify_error(self, exc: BaseException) -> tuple[bool, float | None]:
+        """Classify an OpenAI SDK error for the retry policy (:func:`classify_openai_error`)."""
+        return classify_openai_error(exc)
+
+    def sdk_client_kwargs(self, conn: Any) -> dict[str, Any]:
+        """Client arguments; a connection of Airflow's own ``openai`` type keeps some in ``openai_client_kwargs``."""
         extra = conn.extra_dejson or {}
-        # A connection of Airflow's own ``openai`` type keeps client arguments in this extra.
         kwargs: dict[str, Any] = dict(extra.get("openai_client_kwargs") or {})
         own_url = extra.get("base_url") or kwargs.pop("base_url", None)
         kwargs.update(
@@ -97,34 +90,7 @@ class OpenAIBatchHook(BatchHook):
             organization=extra.get("organization") or kwargs.get("organization"),
             project=extra.get("project") or kwargs.get("project"),
         )
-        if not kwargs["api_key"]:
-            raise openai.OpenAIError(
-                f"Connection {self.conn_id!r} has no API key: put it in the connection's password field."
-            )
         return kwargs
-
-    def get_conn(self) -> openai.OpenAI:
-        """Return the synchronous SDK client."""
-        return self.client
-
-    @cached_property
-    def client(self) -> openai.OpenAI:
-        """The synchronous SDK client, built once from the connection."""
-        return new_client(openai.OpenAI, self._client_kwargs(self.get_connection(self.conn_id)))
-
-    async def aget_client(self) -> openai.AsyncOpenAI:
-        """Return the async SDK client (connection read without blocking the event loop)."""
-        if self._async_client is None:
-            conn = await self.aget_connection(self.conn_id)
-            self._async_client = await anew_client(openai.AsyncOpenAI, lambda: self._client_kwargs(conn))
-        return self._async_client
-
-    def _call(self, what: str, fn: Any) -> Any:
-        return call_with_retries(fn, what=what, classify=classify_openai_error, policy=self.retry_policy)
-
-    async def _acall(self, what: str, fn: Any) -> Any:
-        """Async twin of :meth:`_call` (``fn`` returns an awaitable)."""
-        return await acall_with_retries(fn, what=what, classify=classify_openai_error, policy=self.retry_policy)
 
     # -- interface ----------------------------------------------------------------------------------
     def upload_file(self, path: str, *, chunk_label: str = "") -> str:
