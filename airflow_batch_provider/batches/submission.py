@@ -95,7 +95,8 @@ def submit_once(
     time before any batch with ``key`` can have been created (the run's start); without it and
     without a recorded intent, the provider's whole batch list is read to look for the key.
     ``first_try``: the task's first try in a run never cleared, so no batch with ``key`` can exist
-    before this create (the key names the run and the task): nothing is looked up before it.
+    before this create (the key names the run and the task), and no other attempt can make one:
+    nothing is looked up, before or after it.
     """
     record = _load_record(checkpoint, chunk, log)
     if record and record.get("batch_id"):
@@ -117,7 +118,8 @@ def submit_once(
     # ([state_store] clear_on_success) rather than "never submitted". Without an intent only a
     # stored key can find a batch (back to the run's start); a guess on size has nothing to go on.
     look_from = record or {"intent_at": key_since if hook.exact_reconcile else None}
-    adopted = None if record is None and first_try else _adopt(hook, chunk, key, look_from, log)
+    alone = record is None and first_try  # no earlier attempt of this key ever reached a create
+    adopted = None if alone else _adopt(hook, chunk, key, look_from, log)
     if adopted is not None:
         proof = {"adopted_unproven": True} if adopted.get("adopted_unproven") else {}
         base = {**(record or {}), "fingerprint": chunk["fingerprint"], "batch_id": adopted["batch_id"]}
@@ -128,7 +130,7 @@ def submit_once(
     extra_metadata = dict(prepare()) if prepare is not None else {}
     record = {**intent_record(hook, chunk, key), **(record or {})}
     checkpoint.save(record)  # the intent: from here on a retry must reconcile before submitting
-    submitted, cancelled = _create(hook, chunk, {**metadata, **extra_metadata}, record, checkpoint, log)
+    submitted, cancelled = _create(hook, chunk, {**metadata, **extra_metadata}, record, checkpoint, log, alone=alone)
     if metrics is not None:
         metrics.duplicates_cancelled(len(cancelled))
     return submitted
@@ -252,8 +254,13 @@ def _create(
     record: dict[str, Any],
     checkpoint: Checkpoint,
     log: Any,
+    *,
+    alone: bool = False,
 ) -> tuple[SubmittedBatch, list[str]]:
-    """Upload (unless done before) and create the batch; return it and the sibling batches cancelled after."""
+    """Upload (unless done before) and create the batch; return it and the sibling batches cancelled after.
+
+    ``alone``: no other attempt with this key exists (:func:`submit_once`'s ``first_try``), so none is looked for.
+    """
     file_id = record.get("input_file_id")
     if file_id:
         log.info("%s: reusing uploaded file %s", chunk["label"], file_id)
@@ -267,9 +274,13 @@ def _create(
     # Reconcile again: an orphaned attempt (its supervisor gone, its process alive) may still have
     # had a create in flight when this attempt looked, and it may have landed since. The orphan
     # itself never gets here: without its supervisor the checkpoint save above fails, so it cannot
-    # cancel the batch of the attempt Airflow follows.
+    # cancel the batch of the attempt Airflow follows. On a run's first try there is no earlier try to
+    # be that orphan, so the look is skipped: in a 1,000-chunk job it read ~3 list pages per chunk, the
+    # most list calls of the run. (A create this try sent twice, its first answer lost, is found by the
+    # create's own look-up before resending, and later by the sensor's first and last looks.)
     key = metadata.get(IDEMPOTENCY_METADATA_KEY) or ""
-    cancelled = cancel_siblings(hook, chunk, key, batch_id, since=record.get("intent_at"), log=log) if key else []
+    look = key and not alone
+    cancelled = cancel_siblings(hook, chunk, key, batch_id, since=record.get("intent_at"), log=log) if look else []
     return _submitted(chunk, batch_id, file_id, key, record), cancelled
 
 

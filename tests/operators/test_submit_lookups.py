@@ -39,14 +39,12 @@ def _context(try_number: int, clear_number: int = 0) -> dict:
 @pytest.mark.parametrize(
     ("try_number", "clear_number", "lists"),
     [
-        pytest.param(1, 0, 1, id="first-try: only the check after the create"),
+        pytest.param(1, 0, 0, id="first-try: no look-up, before or after the create"),
         pytest.param(2, 0, 2, id="retry: the key is looked up before creating too"),
         pytest.param(1, 1, 2, id="cleared run: the same"),
     ],
 )
-def test_the_first_try_of_a_run_looks_nothing_up_before_creating(
-    openai_conn, tmp_path, list_pages, try_number, clear_number, lists
-):
+def test_the_first_try_of_a_run_looks_nothing_up(openai_conn, tmp_path, list_pages, try_number, clear_number, lists):
     chunk = write_chunk(tmp_path, [{"custom_id": f"l{i}", "text": "t"} for i in range(2)])
     submitted = SubmitBatchOperator(task_id="submit", chunk=chunk).execute(_context(try_number, clear_number))
     assert submitted["batch_id"] and len(list_pages) == lists
