@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -222,6 +223,9 @@ def run_size(deployment: Any, chunks: int, args: argparse.Namespace) -> dict[str
 def main(argv: list[str] | None = None) -> int:
     """Start one deployment, run every size on it, print one ``scale:`` line per size."""
     args = parse_args(argv)
+    # A stopped benchmark (Ctrl-C, or `kill`) still stops its deployment and drops its database:
+    # SIGTERM unwinds like Ctrl-C through `running`'s clean-up, which takes up to a minute.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.path.insert(0, str(REPO))
     from tests.scheduler.deployment import Deployment
     from tests.scheduler.lifecycle import running
