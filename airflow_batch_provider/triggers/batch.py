@@ -30,6 +30,7 @@ from airflow_batch_provider.exceptions import BatchProviderError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.progress import apublish_progress, progress_record
+from airflow_batch_provider.status import BatchState, BatchStatus
 from airflow_batch_provider.triggers.poller import SharedPoller
 from airflow_batch_provider.utils.retry import NO_RETRY
 
@@ -165,11 +166,10 @@ class BatchCompleteTrigger(BaseTrigger):
                 await close_async_client(hook, self.log)
 
     async def _poll(self, poller: SharedPoller) -> AsyncIterator[TriggerEvent]:
-        hook = poller.hook
         started = time.monotonic()
         errors_in_a_row = 0
         last_state: dict[str, Any] | None = None
-        last_line = ""
+        self._reported: tuple[str, BatchStatus | None, float] = ("", None, float("-inf"))  # line, status, when
         prefix = f"{self.label}: " if self.label else ""
         looked = not self.first_look
         while True:
@@ -193,13 +193,7 @@ class BatchCompleteTrigger(BaseTrigger):
             else:
                 errors_in_a_row = 0
                 last_state = state.to_dict()
-                line = state.progress_line()
-                if line != last_line:
-                    self.log.info("%s%s", prefix, line)
-                    last_line = line
-                    if self.progress is not None:
-                        record = progress_record(self.progress, state, hook.batch_url(self.batch_id))
-                        await apublish_progress(self.task_instance, record)
+                await self._report(poller, state, prefix)
                 if state.status.is_terminal:
                     yield self._success(poller, last_state)
                     return
@@ -215,6 +209,20 @@ class BatchCompleteTrigger(BaseTrigger):
                 yield self._event("timeout", last_state, message=message)
                 return
             await asyncio.sleep(poller.next_poll_in(self.batch_id, self.poll_interval))
+
+    async def _report(self, poller: SharedPoller, state: BatchState, prefix: str) -> None:
+        """Log and publish a look at the batch that changed: a new status at once, new counts no
+        sooner than :meth:`~SharedPoller.progress_spacing` after the last report (each published
+        record is a metadata-DB write by the triggerer)."""
+        line, (last_line, last_status, last_at) = state.progress_line(), self._reported
+        now = time.monotonic()
+        if line == last_line or (state.status == last_status and now - last_at < poller.progress_spacing()):
+            return
+        self._reported = (line, state.status, now)
+        self.log.info("%s%s", prefix, line)
+        if self.progress is not None:
+            record = progress_record(self.progress, state, poller.hook.batch_url(self.batch_id))
+            await apublish_progress(self.task_instance, record)
 
     def _event(self, status: str, state: dict[str, Any] | None, **extra: Any) -> TriggerEvent:
         """An event the sensor's ``execute_complete`` reads: the last state seen and the carried record."""

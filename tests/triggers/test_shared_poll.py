@@ -11,6 +11,8 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import pytest
+
 from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.exceptions import BatchProviderError
 from airflow_batch_provider.status import BatchState
@@ -169,3 +171,34 @@ def test_a_failing_list_falls_back_to_one_retrieve_per_batch(openai_conn, openai
     results = asyncio.run(_run_all(triggers))
     assert [events[0].payload["status"] for events in results] == ["success"] * 3
     assert _calls(openai_conn, "GET /v1/batches/{batch_id}") - before >= 3 * 2  # every batch, more than once
+
+
+@pytest.mark.parametrize(
+    ("writes_per_s", "most", "fewest"), [(4.0, 8, 3), (1000.0, None, 10)], ids=["spaced", "unspaced"]
+)
+def test_progress_records_are_spaced_by_the_number_of_waiting_batches(
+    openai_conn, openai_hook, tmp_path, monkeypatch, writes_per_s, most, fewest
+):
+    """Counts that move at every poll are published no sooner than waiting batches / PROGRESS_WRITES_PER_S
+    apart (4 batches at 4 a second: 1 s, against 0.2 s polls); a new status, the last one included, at once."""
+    monkeypatch.setattr("airflow_batch_provider.triggers.poller.PROGRESS_WRITES_PER_S", writes_per_s)
+    published: dict[str, list[dict[str, Any]]] = {}
+
+    async def record(task_instance: Any, progress: dict[str, Any]) -> None:
+        published.setdefault(progress["batch_id"], []).append(progress)
+
+    monkeypatch.setattr("airflow_batch_provider.triggers.batch.apublish_progress", record)
+    openai_conn.set_faults(slow=3.0)  # 40 lines paced over ~3 s: the counts move at every 0.2 s poll
+    ids = []
+    for n in range(4):
+        chunk = write_chunk(tmp_path / f"p{n}", [{"custom_id": f"p{n}-{i}", "text": "x"} for i in range(40)])
+        ids.append(openai_hook.submit(chunk, metadata={})["batch_id"])
+    kwargs: dict[str, Any] = {"provider": "openai", "conn_id": "openai_batch_default", "poll_interval": 0.2}
+    triggers = [BatchCompleteTrigger(batch_id=b, progress={"chunk_index": n}, **kwargs) for n, b in enumerate(ids)]
+    asyncio.run(_run_all(triggers))
+    for batch_id in ids:
+        records = published[batch_id]
+        assert records[-1]["status"] == "completed" and records[-1]["completed"] == 40  # the end at once
+        assert len(records) >= fewest, [r["completed"] for r in records]
+        if most is not None:
+            assert len(records) <= most, [(r["status"], r["completed"]) for r in records]
