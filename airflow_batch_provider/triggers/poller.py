@@ -7,8 +7,9 @@ triggerer process), the triggers of one ``(provider, conn_id)`` share one poller
 
 - while two or more batches wait, a poll reads the provider's batch list
   (:meth:`~airflow_batch_provider.hooks.base.BatchHook.alist_states`, as many pages as the waiting
-  batches can fill, plus two) and answers every waiting batch it covers; a list taken less than
-  half a poll interval ago answers without a new call, and a list already under way is awaited;
+  batches can fill, plus two, plus up to :data:`EXTRA_PAGES` while some are missing) and answers
+  every waiting batch it covers; a list taken less than half a poll interval ago answers without
+  a new call, and a list already under way is awaited;
 - a trigger answered by a list polls again one interval after that list started
   (:meth:`SharedPoller.next_poll_in`), so the triggers one list answered wake together and share
   the next round: one round per interval, however the deferrals were spread over it;
@@ -55,6 +56,12 @@ ENDED_OR_ENDING = TERMINAL_STATUSES | {BatchStatus.CANCELLING}
 #: change (a new status is published at once): each is an XCom write through the triggerer's
 #: supervisor, and 1,000 batches whose counts moved every 30 s poll wrote ~33 a second.
 PROGRESS_WRITES_PER_S = 4.0
+
+#: Pages a list round may read past ``waiting ÷ page size + 2`` while waiting batches are still
+#: missing, and never more than are missing: a mapped job's first waits to defer follow its oldest
+#: batches, the deepest in a newest-first list; each page read past saves their retrieves and lets
+#: the round answer their first sibling look (else each of their sensors lists back on its own).
+EXTRA_PAGES = 10
 
 #: One registry per event loop: a poller's SDK client belongs to the loop that opened it.
 _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, str], SharedPoller]] = (
@@ -227,7 +234,7 @@ class SharedPoller:
     async def _read_list(self) -> Listing | None:
         started = time.monotonic()
         wanted = set(self.waiting)
-        max_pages = len(wanted) // self.hook.list_page_size + 2
+        base_pages = len(wanted) // self.hook.list_page_size + 2
         found: dict[str, BatchState] = {}
         live_by_key: dict[str, list[str]] = {}
         oldest: float | None = None
@@ -245,7 +252,8 @@ class SharedPoller:
                             live_by_key.setdefault(state.key, []).append(state.batch_id)
                         if state.created_at is not None and (oldest is None or state.created_at < oldest):
                             oldest = state.created_at
-                    if len(found) == len(wanted) or number >= max_pages:
+                    missing = len(wanted) - len(found)
+                    if not missing or number - base_pages >= min(missing, EXTRA_PAGES):
                         complete = False
                         break
         except BatchProviderError as exc:

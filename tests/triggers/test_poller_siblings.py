@@ -243,3 +243,33 @@ def test_a_first_look_waits_for_a_round_that_began_after_the_batch_joined(openai
     assert results[2][0].payload["siblings"] == []
     for batch_id in companions:
         openai_hook.cancel(batch_id)
+
+
+def test_a_round_reads_past_its_page_budget_for_the_oldest_waiting_batches(openai_conn, openai_hook, tmp_path):
+    """A mapped job's first waits follow its oldest batches, deepest in a newest-first list: the round
+    reads on (never more pages than batches are missing) instead of leaving them to retrieves and
+    their sensors' own look-ups. Pages of 2 here: 6 waiting batches under 6 newer ones."""
+    openai_conn.set_faults(slow=60)
+    openai_hook.list_page_size = 2  # the instance's pages: 6 waiting make a budget of 6 // 2 + 2 = 5 pages
+    waiting = [_create(openai_hook, tmp_path, f"w{n}", KEY_A if n == 0 else None) for n in range(6)]
+    newer = [_create(openai_hook, tmp_path, f"n{n}", None) for n in range(6)]
+
+    async def scenario() -> tuple[list[BatchState], int, list[str] | None]:
+        poller = SharedPoller.join("openai", "openai_batch_default", waiting[0], openai_hook)
+        for batch_id in waiting[1:]:
+            SharedPoller.join("openai", "openai_batch_default", batch_id, openai_hook)
+        try:
+            states = [await poller.poll(batch_id, fresh_within=30.0) for batch_id in waiting]
+            return states, poller.list_calls, poller.siblings(KEY_A, waiting[0])
+        finally:
+            for batch_id in waiting:
+                await poller.leave(batch_id)
+
+    retrieves = int(openai_conn.stats()["routes"].get("GET /v1/batches/{batch_id}", 0))
+    states, pages, named = asyncio.run(scenario())
+    assert [s.batch_id for s in states] == waiting
+    assert int(openai_conn.stats()["routes"].get("GET /v1/batches/{batch_id}", 0)) == retrieves  # none
+    assert pages == 6  # the budget's 5, and one more for the two oldest
+    assert named == []  # the oldest batch's first look is answered by the round
+    for batch_id in waiting + newer:
+        openai_hook.cancel(batch_id)
