@@ -105,12 +105,8 @@ def submit_once(
             log.info("%s: reattaching to batch %s (%s)", chunk["label"], state.batch_id, state.provider_status)
             submitted = _submitted(chunk, state.batch_id, record.get("input_file_id"), key, record, key_since)
             return {**submitted, "adopted_unproven": True} if record.get("adopted_unproven") else submitted
-        log.warning(
-            "%s: batch %s from an earlier attempt ended %s; submitting a new one",
-            chunk["label"],
-            state.batch_id,
-            state.provider_status,
-        )
+        log.warning("%s: batch %s from an earlier attempt ended %s; submitting a new one", chunk["label"],
+                    state.batch_id, state.provider_status)  # fmt: skip
         record = {"fingerprint": chunk["fingerprint"], "input_file_id": record.get("input_file_id"),
                   **({"unsure_since": record["unsure_since"]} if record.get("unsure_since") else {})}  # fmt: skip
 
