@@ -282,7 +282,7 @@ class AnthropicBatchHook(SdkBatchHook[anthropic.Anthropic, anthropic.AsyncAnthro
         items = iter_with_restarts(
             lambda: self._stream_results(state.batch_id),
             what=f"results of batch {state.batch_id}",
-            classify=classify_anthropic_error,
+            classify=self.classify_error,
             policy=self.retry_policy,
         )
         for item in items:

@@ -126,7 +126,7 @@ class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
                 ).id
             ),
             what=f"{chunk['label']}: batch create for file {input_file_id}",
-            classify=classify_openai_error,
+            classify=self.classify_error,
             policy=self.retry_policy,
             within=CREATE_WITHIN,
             recover=lambda exc: self._landed(key, started, exc),
@@ -252,7 +252,7 @@ class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
         return iter_with_restarts(
             lambda: self._stream_file_lines(file_id),
             what=f"download of file {file_id}",
-            classify=classify_openai_error,
+            classify=self.classify_error,
             policy=self.retry_policy,
         )
 
