@@ -138,18 +138,25 @@ def test_a_written_result_is_acknowledged_never_dead_lettered(queue, in_process)
 
 
 def test_claims_are_renewed_while_a_group_is_in_flight(queue, in_process):
-    worker = _worker(queue, GroupPolicy(max_items=12, max_wait=0, claim_seconds=1), max_concurrency=1)
-    _submit(queue, {f"r{i}": f"slow {i}" for i in range(12)})  # 12 x 0.15 s: longer than the 1 s claim
+    # The group (40 x 0.15 s = 6 s) outlasts its 4 s claim, so only the heartbeat (a renewal every
+    # third of the claim) keeps the thief out. The claim is long enough to absorb a late beat on a
+    # loaded CI machine (a 1 s claim let the thief in once), and collect, which stops at half the
+    # claim, has 2 s for the four SQS receives (10 messages each) that gather the whole group. The
+    # thief is a second worker with the same claim: on Redis it is the idle time it steals after.
+    claim = 4
+    worker = _worker(queue, GroupPolicy(max_items=40, max_wait=0, claim_seconds=claim), max_concurrency=1)
+    _submit(queue, {f"r{i}": f"slow {i}" for i in range(40)})
     other = open_queue({**queue.config(), "consumer": "other"} if queue.backend == "redis" else queue.config())
     stolen: list[str] = []
     done = threading.Event()
 
     def poach() -> None:
         while not done.wait(0.2):
-            stolen.extend(d.message_id for d in other.receive(12, claim_seconds=1))
+            stolen.extend(d.message_id for d in other.receive(40, claim_seconds=claim))
 
     thief = threading.Thread(target=poach)
     group = worker.aggregator.collect()
+    assert len(group.deliveries) == 40, "collect gathered part of the group: the rest is anyone's to take"
     thief.start()
     try:
         worker.handle(group)
@@ -158,4 +165,4 @@ def test_claims_are_renewed_while_a_group_is_in_flight(queue, in_process):
         thief.join()
         other.close()
     assert stolen == []
-    assert in_process.requests == 12 and queue.stats().depth == 0
+    assert in_process.requests == 40 and queue.stats().depth == 0

@@ -233,13 +233,19 @@ def test_counts_span_follow_up_batches_and_failures_show_before_the_merge(
         ui_deployment.trigger(DAG_ID, run_id, conf)
         driver.get(f"{ui_deployment.api_url}/llm-batches/runs/{DAG_ID}/{run_id}")
         final_ids = "#chunks tr.chunk-errors li[data-final='1'] .ids code"
-        WebDriverWait(driver, 240, poll_frequency=0.5).until(lambda d: d.find_elements(By.CSS_SELECTOR, final_ids))
+        # A chunk's final failures are recorded when its first batch's results are read, a moment before
+        # its follow-up batch is created: wait for both (the follow-up then spends ~12 s in progress).
+        WebDriverWait(driver, 240, poll_frequency=0.5).until(
+            lambda d: (
+                d.find_elements(By.CSS_SELECTOR, final_ids)
+                and d.find_elements(By.CSS_SELECTOR, "#chunks code.followup")
+            )
+        )
         driver.save_screenshot(str(tmp_path / "live-failures.png"))
         assert driver.find_element(By.CSS_SELECTOR, "[data-testid=run-state]").text == "running"
         assert not driver.find_elements(By.ID, "report-link")  # the merge has not run
         kinds = driver.find_elements(By.CSS_SELECTOR, "#error-kinds tbody tr[data-final='1']")
         assert kinds and "invalid_request_error" in kinds[0].text and "fix these rows" in kinds[0].text
-        assert driver.find_elements(By.CSS_SELECTOR, "#chunks code.followup"), "no follow-up batch shown"
         assert driver.execute_script(_NO_SIDE_SCROLL)
         waits = _waits(ui_deployment, run_id)  # item 6: a wait task is named once it runs, not only once deferred
         started = [ti for ti in waits if ti["state"] in ("running", "deferred", "success")]
