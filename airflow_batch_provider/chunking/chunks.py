@@ -33,6 +33,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from airflow_batch_provider.backends.registry import get_backend
+from airflow_batch_provider.chunking.context import ContextCheck
 from airflow_batch_provider.chunking.id_hashes import IdHashes
 from airflow_batch_provider.chunking.ids import IdBuilder, id_hashes, report_duplicates
 from airflow_batch_provider.chunking.incremental import (
@@ -217,6 +218,7 @@ def _write_table(
 ) -> int:
     """Validate, render and write every row into ``writer``; return the row count or raise naming bad rows."""
     problems = RowProblems()
+    context = ContextCheck.for_spec(renderer.spec)
     schema: pa.Schema | None = None
     num_rows = 0
     with closing(IdHashes()) as hashes:
@@ -226,6 +228,8 @@ def _write_table(
         for batch, custom_ids, lines, bodies in run_ahead(prepared, depth=1, name="chunk-render"):
             rendered = RenderedRequests(lines, renderer.fingerprints(bodies))
             check_line_sizes(rendered.sizes, byte_cap, ids.limits, num_rows, custom_ids)
+            if context is not None:
+                context.check(rendered, custom_ids, offset=num_rows, problems=problems)
             if not problems:  # after the first bad row only validate: the staging folder is discarded
                 if schema is None:
                     schema = rows_schema(batch.schema)

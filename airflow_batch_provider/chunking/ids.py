@@ -17,12 +17,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from airflow_batch_provider.chunking.arrow_text import to_string_array
+from airflow_batch_provider.chunking.column_names import CUSTOM_ID
 from airflow_batch_provider.chunking.id_hashes import IdHashes
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.chunking.problems import RowProblems
-from airflow_batch_provider.chunking.tables import CUSTOM_ID, TableReader
+from airflow_batch_provider.chunking.tables import TableReader
 
 CONTROL_CHARS = r"[\x00-\x1f\x7f-\x9f]"  # C0, DEL and C1 (RE2 syntax, as Arrow's regex functions take it)
+# Whitespace (Unicode separators included: no-break space, ideographic space) and characters that render
+# as nothing (format characters such as zero-width space or BOM; Hangul and Braille fillers).
+BLANK_ID = r"^[\s\p{Z}\p{Cf}\x{115F}\x{1160}\x{2800}\x{3164}\x{FFA0}]+$"
 
 
 def derive_custom_id(user_id: str, separator: str = "-") -> str:
@@ -35,7 +39,7 @@ def derive_custom_id(user_id: str, separator: str = "-") -> str:
 
 
 class IdBuilder:
-    """Compute each row's custom_id and record null, NaN, empty, control-character or over-long ids."""
+    """Compute each row's custom_id and record null, NaN, empty, blank, control-character or over-long ids."""
 
     def __init__(self, limits: ProviderLimits, id_column: str | None, hash_columns: Sequence[str]) -> None:
         self.limits = limits
@@ -74,7 +78,15 @@ class IdBuilder:
             np.asarray(pc.indices_nonzero(control)) + offset,
             advice="Ids are keys in the output table: remove control characters from them (or hash the rows).",
         )
-        bad = pc.or_(bad, control)
+        # An id of only spaces or invisible characters looks empty in the output table and the provider's console.
+        blank = pc.fill_null(pc.match_substring_regex(user, BLANK_ID), False)
+        problems.add(
+            f"id of only whitespace or invisible characters in column {name!r}",
+            np.asarray(pc.indices_nonzero(blank)) + offset,
+            advice="An id must be visible text (not ' ', a no-break space or a zero-width space): fill those ids, "
+            "or leave id_column unset to hash the rows.",
+        )
+        bad = pc.or_(pc.or_(bad, control), blank)
         bad_rows = np.asarray(pc.indices_nonzero(bad))
         limit = self.limits.max_custom_id_chars
         if limit is not None:

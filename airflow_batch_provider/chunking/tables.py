@@ -17,15 +17,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from airflow_batch_provider.chunking.column_names import check_output_names
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.chunking.validation import check_csv_quotes
-from airflow_batch_provider.descriptors import RESULT_COLUMNS
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.utils import storage
 
-# Columns the chunk step adds to each rows file next to the source columns.
-CUSTOM_ID = "custom_id"
-FINGERPRINT = "request_fingerprint"
 # Rows per record batch. The chunk step keeps about three batches in flight (one read and rendered
 # ahead, one being hashed, slices of earlier ones in the writers), ~4 KB a row with their rendered
 # lines: 8,192 rows held its peak RSS at ~390 MB at 1M rows where 65,536 took ~610 MB, at the same
@@ -280,29 +277,5 @@ def select_columns(
             raise InvalidInputError(f"columns {unknown} are not in the table; available columns: {names}.")
         wanted = {*columns, *prompt.fields, *([id_column] if id_column else [])}
         names = [n for n in names if n in wanted]
-    # SQL sinks compare column names without regard to case (SQLite; PostgreSQL folds them), so do we.
-    folded = [n.casefold() for n in names]
-    clashing = sorted({n for n in names if folded.count(n.casefold()) > 1})
-    if clashing:
-        raise InvalidInputError(f"The table has columns {clashing} that differ only in case; rename them.")
-    fingerprint = [n for n in names if n.casefold() == FINGERPRINT]
-    if fingerprint:
-        raise InvalidInputError(
-            f"The table has a column named {fingerprint[0]!r}, which the rows file adds as {FINGERPRINT!r}; rename it."
-        )
-    reserved = {c.casefold() for c in RESULT_COLUMNS}
-    taken = [n for n in names if n.casefold() in reserved]
-    if taken:
-        # Refused here, before anything is paid for: the merge could not tell them from its own columns.
-        raise InvalidInputError(
-            f"The table has column(s) {taken} named like the result columns the merge adds "
-            f"({', '.join(RESULT_COLUMNS)}). Rename them in the source (e.g. {taken[0]!r} → 'source_{taken[0]}'), "
-            "or leave them out with columns= if the prompt does not use them."
-        )
-    custom = [n for n in names if n.casefold() == CUSTOM_ID and (n != id_column or n != CUSTOM_ID)]
-    if custom:
-        raise InvalidInputError(
-            f"The table has a column named {custom[0]!r} that the rows file's {CUSTOM_ID!r} would clash with; "
-            f"pass id_column={CUSTOM_ID!r} if it is exactly that, else rename it, or leave it out with columns=."
-        )
+    check_output_names(names, id_column)
     return names

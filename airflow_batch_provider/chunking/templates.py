@@ -261,7 +261,7 @@ class PromptTemplate:
 
 
 def _missing_values(batch: pa.RecordBatch, fields: Iterable[str], offset: int, found: RowProblems) -> pa.Array | None:
-    """Record the rows with a null (or NaN: as text it would be "nan") in a referenced column; return their mask."""
+    """Record the rows with a null, NaN or ±inf (as text "nan", "inf") in a referenced column; return their mask."""
     mask: pa.Array | None = None
     for name in fields:
         column = batch.column(name)
@@ -270,6 +270,8 @@ def _missing_values(batch: pa.RecordBatch, fields: Iterable[str], offset: int, f
             checks.append(("null", pc.is_null(column)))
         if pa.types.is_floating(column.type):
             checks.append(("NaN", pc.fill_null(pc.is_nan(column), False)))
+            # Not a number either: it would be sent as the text "inf" or "-inf".
+            checks.append(("inf or -inf", pc.fill_null(pc.is_inf(column), False)))
         for what, rows in checks:
             found.add(
                 f"{what} in column {name!r}",

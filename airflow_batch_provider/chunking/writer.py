@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from airflow_batch_provider.chunking.column_names import CUSTOM_ID, FINGERPRINT
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.chunking.requests import RenderedRequests
-from airflow_batch_provider.chunking.tables import CUSTOM_ID, FINGERPRINT
 from airflow_batch_provider.exceptions import ChunkLimitError
 from airflow_batch_provider.job_folder import ChunkFiles
 from airflow_batch_provider.utils.storage import AnyPath

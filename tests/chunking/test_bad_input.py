@@ -7,6 +7,7 @@ next to them that must keep working run the chunk step only.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +292,72 @@ def test_a_model_that_cannot_serve_the_endpoint(emulator, tmp_path, endpoint, mo
     with pytest.raises(InvalidInputError, match=f"Model '{model}' {message}"):
         _chunk_then_submit(source, tmp_path / "job", endpoint=endpoint, model=model)
     assert not (tmp_path / "job").exists()
+
+
+# -- what the merge's sink could not store, refused before anything is paid for (issue 38, item 9) --------------
+
+LONG_NAME = "description_" + "x" * 52  # 64 bytes; PostgreSQL keeps 63
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        pytest.param(LONG_NAME, f"column named '{LONG_NAME}' of 64 bytes .* keeps only the first 63", id="64-bytes"),
+        pytest.param("prix_" + "é" * 30, "of 65 bytes \\(UTF-8\\)", id="64-chars-65-bytes"),
+        pytest.param("ti\x00tle", "holding a NUL or other control character", id="nul"),
+        pytest.param("", "empty, or only whitespace or invisible characters", id="empty"),
+        pytest.param("\u00a0\u200b", "empty, or only whitespace or invisible characters", id="invisible"),
+    ],
+)
+def test_a_column_name_no_sink_can_hold_is_refused_before_upload(emulator, tmp_path, name, message):
+    """Before: billed, then the PostgreSQL merge failed (``already exists`` / ``unterminated quoted identifier``)."""
+    source = _parquet(tmp_path / "p.parquet", id=["a", "b"], title=["w", "x"], **{name: ["1", "2"]})
+    with pytest.raises(InvalidInputError, match=message) as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    assert "Rename the column in the source, or leave it out with columns=" in str(info.value)
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_a_63_byte_column_name_and_a_long_one_left_out_are_fine(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=["a"], title=["w"], **{LONG_NAME[:63]: ["1"], LONG_NAME: ["2"]})
+    (chunk,) = _chunk_only(source, tmp_path / "job", columns=[LONG_NAME[:63]])
+    assert LONG_NAME[:63] in pq.read_schema(chunk["rows_path"]).names
+
+
+def test_columns_differing_only_in_surrounding_whitespace_are_refused(emulator, tmp_path):
+    source = _parquet(tmp_path / "p.parquet", id=["a"], title=["w"], **{"title ": ["x"]})
+    with pytest.raises(InvalidInputError, match=r"\['title', 'title '\] that differ only in case, surrounding"):
+        _chunk_then_submit(source, tmp_path / "job")
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_inf_in_a_prompt_column_is_refused_like_nan(emulator, tmp_path):
+    """Before: sent as ``Classify this product: inf``."""
+    inf = float("inf")
+    source = _parquet(tmp_path / "p.parquet", id=["a", "b", "c", "d"], title=[1.5, inf, 2.0, -inf])
+    with pytest.raises(InvalidInputError) as info:
+        _chunk_then_submit(source, tmp_path / "job")
+    message = str(info.value)
+    assert "inf or -inf in column 'title': 2 row(s) at position 1, 3." in message
+    assert "Fill or filter the rows where 'title' is inf or -inf." in message
+    _no_chunks_left(tmp_path / "job")
+
+
+def test_a_row_over_the_context_window_names_the_row_its_tokens_and_the_window(emulator, tmp_path):
+    """Claude's tokens are counted as 3.5 characters each (as the cost estimate does): 665,000 → 190,000."""
+    text = "a" * 665_000
+    source = _parquet(tmp_path / "p.parquet", id=["a", "b", "c"], title=["short", text, "short"])
+    template = {"prompt_template": "{title}", "provider": "anthropic", "model": "claude-haiku-4-5"}
+    # 190,000 tokens and 5 to answer fit the 200,000-token window ...
+    (chunk,) = _chunk_only(source, tmp_path / "ok", request_params={"max_tokens": 5}, **template)
+    assert chunk["num_requests"] == 3
+    # ... with 20,000 to answer they do not.
+    with pytest.raises(InvalidInputError) as info:
+        _chunk_then_submit(source, tmp_path / "job", request_params={"max_tokens": 20_000}, **template)
+    message = str(info.value)
+    assert (
+        "request longer than the 200,000-token context window of claude-haiku-4-5: 1 row(s) at position 1." in message
+    )
+    assert re.search(r"row 1 \(custom_id 'b'\): about 190,0\d\d input tokens \+ max_tokens 20,000", message), message
+    assert "lower max_tokens" in message and "approximation chars/3.5" in message
+    _no_chunks_left(tmp_path / "job")
