@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from airflow.sdk import Connection
 
 from airflow_batch_provider.sinks.sql import SinkError, SqlUpsertSink, column_type, engine_url
+from airflow_batch_provider.sinks.sql_types import decode_nul
 from tests.scheduler.postgres import PG_HOST, PG_PORT, PG_USER, create_database, drop_database, sqlalchemy_url
 
 
@@ -170,6 +171,33 @@ def test_bad_parts_are_refused_before_the_database_is_touched(backend: Backend, 
     assert not backend.has_table()
 
 
+LONG_NAME = "description_" + "x" * 52  # 64 bytes: PostgreSQL would keep 63 of them
+
+
+@pytest.mark.parametrize(
+    ("columns", "message", "refused_on"),
+    [
+        pytest.param({LONG_NAME: ["v"]}, "has a name over 63 bytes", {"postgres"}, id="64-bytes"),
+        pytest.param(
+            {LONG_NAME: ["v"], LONG_NAME[:-1] + "y": ["w"]}, "over 63 bytes", {"postgres"}, id="same-63-byte-prefix"
+        ),
+        pytest.param({"ti\x00tle": ["v"]}, "NUL or other control character", {"postgres", "sqlite"}, id="nul"),
+        pytest.param({"nul_escaped": ["v"]}, "which the sink writes itself", {"postgres"}, id="own-column"),
+    ],
+)
+def test_column_names_the_database_cannot_hold_are_refused_before_it_is_touched(
+    backend: Backend, columns: dict[str, list[str]], message: str, refused_on: set[str]
+) -> None:
+    """Before this check PostgreSQL failed them half-way: ``already exists`` / ``unterminated quoted identifier``."""
+    part = merged_part(["a"], **columns)
+    if backend.name not in refused_on:  # SQLite has no name length limit
+        assert backend.sink().write_part(part, 2) == 1
+        return
+    with pytest.raises(SinkError, match=f"chunk 2 → {backend.table}: .*{message}"):
+        backend.sink().write_part(part, 2)
+    assert not backend.has_table()
+
+
 def test_an_empty_part_writes_nothing(backend: Backend) -> None:
     assert backend.sink().write_part(merged_part([]), 0) == 0
     assert not backend.has_table()
@@ -184,11 +212,11 @@ def test_a_part_with_new_columns_adds_them(backend: Backend) -> None:
     assert (rows["b"]["label"], rows["b"]["confidence"]) == ("toys", 0.5)
 
 
-def test_nul_characters_in_answers_are_written_by_the_documented_rule(
+def test_nul_characters_in_answers_are_kept_reversibly_and_marked(
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A model answer can hold U+0000: PostgreSQL text cannot, so the sink removes it there (and says so)."""
-    answers = ["plain", "nul\x00inside", "two\x00\x00nuls"]
+    """A model answer can hold U+0000, which PostgreSQL text cannot: never dropped, escaped and marked there."""
+    answers = ["plain \\0 backslash", "nul\x00inside \\0", "two\x00\x00nuls"]
     part = merged_part(
         ["a", "b", "c"],
         response=answers,
@@ -198,13 +226,20 @@ def test_nul_characters_in_answers_are_written_by_the_documented_rule(
     caplog.set_level("WARNING")
     assert backend.sink().write_part(part, 4) == 3
     rows = {r["custom_id"]: r for r in backend.rows()}
-    if backend.name == "postgres":
-        assert [rows[k]["response"] for k in "abc"] == ["plain", "nulinside", "twonuls"]
-        assert rows["a"]["tags"] == ["xy"] and rows["a"]["meta"] == {"k": "v"}
-        assert f"chunk 4 → {backend.table}: removed NUL characters" in caplog.text
-        assert "from 4 value(s), e.g. in custom_id 'b'" in caplog.text
-    else:  # SQLite stores NUL as it is
+    if backend.name == "sqlite":  # SQLite stores NUL as it is
         assert [rows[k]["response"] for k in "abc"] == answers
+        assert "nul_escaped" not in rows["a"]
+        return
+    assert rows["a"]["response"] == answers[0], "a value without NUL is written as it is, backslashes included"
+    assert [rows[k]["nul_escaped"] for k in "abc"] == ["tags,meta", "response", "response"]
+    assert [decode_nul(rows[k]["response"]) for k in "bc"] == answers[1:]
+    assert [decode_nul(t) for t in rows["a"]["tags"]] == ["x\x00y"] and decode_nul(rows["a"]["meta"]["k"]) == "v\x00"
+    assert f"chunk 4 → {backend.table}: escaped NUL characters" in caplog.text
+    assert "in 4 value(s), e.g. in custom_id 'a'" in caplog.text
+    # A rerun whose answers hold no NUL writes them plainly and clears the marks.
+    backend.sink().write_part(merged_part(["a", "b", "c"], answer="clean"), 5)
+    rows = {r["custom_id"]: r for r in backend.rows()}
+    assert [(rows[k]["response"], rows[k]["nul_escaped"]) for k in "abc"] == [(f"clean {k}", None) for k in "abc"]
 
 
 def test_a_column_type_change_is_refused_naming_the_column(backend: Backend) -> None:

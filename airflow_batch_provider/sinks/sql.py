@@ -41,12 +41,16 @@ direct cast to pgvector) and to a JSON array on SQLite, which has no array type;
 Python lists of floats. The key column is the primary key. A part that brings a column the table
 lacks adds it (nullable); columns the part lacks are left as they are. A column whose type changed
 (say ``response`` went from text to an embedding array) is refused, and on PostgreSQL NUL
-characters are removed from strings: see :mod:`airflow_batch_provider.sinks.sql_types`.
+characters are escaped reversibly, their rows marked in ``nul_escaped``: see
+:mod:`airflow_batch_provider.sinks.sql_types`. Column names with a NUL or other control character, and
+on PostgreSQL names over 63 bytes, are refused before the database is touched (the chunk step refuses
+them before anything is paid for: :mod:`airflow_batch_provider.chunking.column_names`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -59,11 +63,20 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import NullPool
 
 from airflow_batch_provider.exceptions import SinkError
-from airflow_batch_provider.sinks.sql_types import check_column_types, check_exact_in_float, column_type, strip_nul
+from airflow_batch_provider.sinks.sql_types import (
+    NUL_ESCAPED_COLUMN,
+    check_column_types,
+    check_exact_in_float,
+    column_type,
+    escape_nul,
+)
 
 __all__ = ["SinkError", "SqlUpsertSink", "column_type", "engine_url"]
 
 log = logging.getLogger(__name__)
+
+MAX_NAME_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are cut
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 DEFAULT_BATCH_SIZE = 5000
 FINGERPRINT_COLUMN = "request_fingerprint"
@@ -182,19 +195,14 @@ class SqlUpsertSink:
             log.info("%s: empty part, nothing to write", where)
             return 0
         started = time.monotonic()
-        if self.engine.dialect.name == "postgresql":  # its text cannot hold U+0000: see sql_types
-            table, changed, first = strip_nul(table, self.key)
-            if changed:
-                log.warning(
-                    "%s: removed NUL characters (which PostgreSQL text cannot hold) from %d value(s), e.g. in %s "
-                    "%r; the parquet part keeps them",
-                    where,
-                    changed,
-                    self.key,
-                    first,
-                )
+        postgres = self.engine.dialect.name == "postgresql"
+        if postgres:  # its text cannot hold U+0000: see sql_types
+            table = _escape_nul(table, self.key, where)
         try:
             target = self._ensure_table(table.schema, where)
+            if postgres and NUL_ESCAPED_COLUMN in target.c and NUL_ESCAPED_COLUMN not in table.column_names:
+                # Rows written escaped before are written plainly now: clear their mark with them.
+                table = table.append_column(NUL_ESCAPED_COLUMN, pa.nulls(table.num_rows, pa.string()))
             check_exact_in_float(target, table, self.key, where)
             statement = self._upsert_statement(target, table.column_names)
             batches = 0
@@ -228,6 +236,20 @@ class SqlUpsertSink:
             raise SinkError(f"{where}: {len(dups)} {self.key!r} value(s) occur twice in one part: {dups[:10]}")
         for field in table.schema:
             column_type(field.type)  # fail before touching the database
+        self._check_names(table.column_names, where)
+
+    def _check_names(self, names: list[str], where: str) -> None:
+        """Refuse column names the database cannot hold as they are (the chunk step refuses them earlier)."""
+        postgres = self.engine.dialect.name == "postgresql"
+        for name in names:
+            if _CONTROL.search(name):
+                raise SinkError(f"{where}: column {name!r} has a NUL or other control character in its name.")
+            if postgres and len(name.encode("utf-8")) > MAX_NAME_BYTES:
+                raise SinkError(
+                    f"{where}: column {name!r} has a name over {MAX_NAME_BYTES} bytes, which PostgreSQL would cut."
+                )
+        if postgres and NUL_ESCAPED_COLUMN in names:
+            raise SinkError(f"{where}: the part has a column {NUL_ESCAPED_COLUMN!r}, which the sink writes itself.")
 
     def _row_batches(self, table: pa.Table) -> Iterator[list[dict[str, Any]]]:
         for batch in table.to_batches(max_chunksize=self.batch_size):
@@ -337,6 +359,23 @@ class SqlUpsertSink:
                 return {str(key): str(fp) for key, fp in conn.execute(query) if fp is not None}
         except sa.exc.SQLAlchemyError as exc:
             raise SinkError(f"{self.qualified_name}: could not read fingerprints: {_short(exc)}") from exc
+
+
+def _escape_nul(table: pa.Table, key: str, where: str) -> pa.Table:
+    """Escape the NUL characters of ``table`` for PostgreSQL (see sql_types) and say so in the log."""
+    table, escaped, first = escape_nul(table, key)
+    if escaped:
+        log.warning(
+            "%s: escaped NUL characters (which PostgreSQL text cannot hold) in %d value(s), e.g. in %s %r; their "
+            "rows name those columns in %r (decode with sinks.sql_types.decode_nul); the parquet part keeps them "
+            "as they are",
+            where,
+            escaped,
+            key,
+            first,
+            NUL_ESCAPED_COLUMN,
+        )
+    return table
 
 
 def _short(exc: BaseException, limit: int = 500) -> str:

@@ -9,15 +9,21 @@ allowed while every value converts exactly (an int64 over 2**53 would silently l
 column: such a part is refused, naming the row); so is an all-null column of any type.
 
 **NUL characters on PostgreSQL.** PostgreSQL text (and JSONB) cannot hold U+0000, which a model answer
-can contain. The sink removes it from every string it writes there — text columns, strings inside
-arrays and JSON — and logs how many values it changed, naming the first custom_id. The parquet part
-keeps the exact answer. SQLite stores NUL as it is.
+can contain. Removing it would change the answer silently, and refusing the part would leave a paid answer
+unstorable, so the sink escapes it, reversibly and only where needed: each value that holds a NUL (a text
+value, or an array or JSON value with such a string, keys included) is written with every backslash
+doubled and every NUL as backslash-zero, and its row's :data:`NUL_ESCAPED_COLUMN` names those columns
+(comma separated; NULL in every other row, and again NULL when a later write brings the row without a
+NUL). :func:`decode_nul` gives the exact value back. The sink adds that column the first time it is
+needed and logs how many values it escaped, naming the first custom_id. Values without a NUL are
+written as they are. The parquet part keeps the exact answer; SQLite stores NUL as it is.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import decimal
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +37,8 @@ from sqlalchemy.types import TypeEngine
 from airflow_batch_provider.exceptions import SinkError
 
 NUL = "\x00"
+#: The column of the PostgreSQL sink's table that names the columns it escaped NUL characters in, per row.
+NUL_ESCAPED_COLUMN = "nul_escaped"
 
 
 def _array_item_type(item: pa.DataType) -> TypeEngine[Any] | None:
@@ -139,16 +147,38 @@ def check_exact_in_float(existing: sa.Table, table: pa.Table, key: str, where: s
             )
 
 
-def _strip_nul(value: Any) -> Any:
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace(NUL, "\\0")
+
+
+def _escape_nested(value: Any) -> Any:
     if isinstance(value, str):
-        return value.replace(NUL, "")
+        return _escape(value)
     if isinstance(value, list):
-        return [_strip_nul(v) for v in value]
+        return [_escape_nested(v) for v in value]
     if isinstance(value, dict):
-        return {_strip_nul(k): _strip_nul(v) for k, v in value.items()}
+        return {_escape_nested(k): _escape_nested(v) for k, v in value.items()}
     if isinstance(value, tuple):
-        return tuple(_strip_nul(v) for v in value)
+        return tuple(_escape_nested(v) for v in value)
     return value
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return NUL in value
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    return False
+
+
+_ESCAPED = re.compile(r"\\([\\0])")
+
+
+def decode_nul(value: str) -> str:
+    """Return the exact text of a value the PostgreSQL sink escaped (a column named in its row's ``nul_escaped``)."""
+    return _ESCAPED.sub(lambda m: NUL if m.group(1) == "0" else "\\", value)
 
 
 def _has_text(dtype: pa.DataType) -> bool:
@@ -159,28 +189,39 @@ def _has_text(dtype: pa.DataType) -> bool:
     return any(_has_text(dtype.field(i).type) for i in range(dtype.num_fields))
 
 
-def strip_nul(table: pa.Table, key: str) -> tuple[pa.Table, int, Any]:
-    """Remove U+0000 from every string of ``table``; return (table, values changed, the key of one changed row)."""
-    changed = 0
-    first: Any = None
+def _escaped_column(column: pa.ChunkedArray, dtype: pa.DataType) -> tuple[pa.Array | None, pa.Array]:
+    """Return (the column with the values that hold a NUL escaped, or None when none does; which rows)."""
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        hit = pc.fill_null(pc.match_substring(column, NUL), False)
+        if not pc.any(hit).as_py():
+            return None, hit
+        escaped = pc.replace_substring(pc.replace_substring(column, "\\", "\\\\"), NUL, "\\0")
+        return pc.if_else(hit, escaped, column), hit
+    values = column.to_pylist()  # strings inside lists, structs or maps, dictionary-encoded text
+    hit = pa.array([_holds_nul(v) for v in values], pa.bool_())
+    if not pc.any(hit).as_py():
+        return None, hit
+    return pa.array([_escape_nested(v) if _holds_nul(v) else v for v in values], type=dtype), hit
+
+
+def escape_nul(table: pa.Table, key: str) -> tuple[pa.Table, int, Any]:
+    """Escape U+0000 in ``table`` by the module's rule; return (table, values escaped, the key of one such row).
+
+    Adds :data:`NUL_ESCAPED_COLUMN` only when some value held a NUL.
+    """
+    marks: dict[int, list[str]] = {}
     for index, field in enumerate(table.schema):
         if not _has_text(field.type):
             continue
-        column = table.column(index)
-        if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
-            hit = pc.fill_null(pc.match_substring(column, NUL), False)
-            if not pc.any(hit).as_py():
-                continue
-            fixed = pc.replace_substring(column, NUL, "")
-        else:  # strings inside lists, structs or maps, and dictionary-encoded text: value by value
-            values = column.to_pylist()
-            cleaned = [_strip_nul(v) for v in values]
-            hit = pa.array([a != b for a, b in zip(values, cleaned)], pa.bool_())
-            if not pc.any(hit).as_py():
-                continue
-            fixed = pa.array(cleaned, type=field.type)
-        changed += int(pc.sum(pc.cast(hit, pa.int64())).as_py() or 0)
-        if first is None:
-            first = table.column(key).filter(hit)[0].as_py()
-        table = table.set_column(index, field, fixed)
-    return table, changed, first
+        escaped, hit = _escaped_column(table.column(index), field.type)
+        if escaped is None:
+            continue
+        for row in np.flatnonzero(np.asarray(hit)).tolist():
+            marks.setdefault(row, []).append(field.name)
+        table = table.set_column(index, field, escaped)
+    if not marks:
+        return table, 0, None
+    first = table.column(key)[min(marks)].as_py()
+    names = [",".join(marks[row]) if row in marks else None for row in range(table.num_rows)]
+    table = table.append_column(pa.field(NUL_ESCAPED_COLUMN, pa.string()), pa.array(names, pa.string()))
+    return table, sum(len(m) for m in marks.values()), first
