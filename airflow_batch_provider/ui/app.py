@@ -15,17 +15,20 @@ who looks at the page.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
 from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_access_dag
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 
-from airflow_batch_provider.report.location import published_report
+from airflow_batch_provider import settings
+from airflow_batch_provider.report.location import report_parts
 from airflow_batch_provider.ui.pages import SCRIPT_HASH, run_content, run_page, runs_page
 from airflow_batch_provider.ui.queries import load_recent_runs, load_run_view
+from airflow_batch_provider.ui.report_file import MAX_REPORT_BYTES, ReportNotServed, open_report
 
 READ_RUN = [
     Depends(requires_access_dag("GET", DagAccessEntity.RUN)),
@@ -61,12 +64,16 @@ def _prefix(request: Request) -> str:
     return str(request.scope.get("root_path", "")).rstrip("/")
 
 
-@app.get("/", response_class=HTMLResponse)
-def recent_runs(request: Request, user: GetUserDep, session: SessionDep) -> str:
-    """List the latest runs of DAGs that use the batch operators, among those the user may read."""
+def readable_dag_ids(user: GetUserDep, session: SessionDep) -> set[str]:
+    """Return the DAGs the user may read, as the auth manager says."""
     from airflow.api_fastapi.app import get_auth_manager
 
-    readable = get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session)
+    return set(get_auth_manager().get_authorized_dag_ids(user=user, method="GET", session=session))
+
+
+@app.get("/", response_class=HTMLResponse)
+def recent_runs(request: Request, readable: Annotated[set[str], Depends(readable_dag_ids)], session: SessionDep) -> str:
+    """List the latest runs of DAGs that use the batch operators, among those the user may read."""
     return runs_page(load_recent_runs(session, readable), _prefix(request))
 
 
@@ -84,28 +91,42 @@ def run_view(
     view = load_run_view(session, dag_id, run_id)
     if view is None:
         raise HTTPException(404, f"DAG run {run_id!r} of {dag_id!r} does not exist")
-    # The UI leaves "{MAP_INDEX}" unreplaced on the page of an unmapped task instance.
-    index = int(map_index) if map_index and map_index.lstrip("-").isdigit() else -1
-    selected = (task_id, index) if task_id else None
+    selected = (task_id, _map_index(map_index)) if task_id else None
     if fragment:
         return run_content(view, _prefix(request), selected)
     return run_page(view, _prefix(request), selected)
 
 
+_MAP_INDEX = re.compile(r"-?[0-9]{1,9}")  # ASCII digits only: str.isdigit() takes "²", which int() refuses
+
+
+def _map_index(text: str | None) -> int:
+    """Return the task instance's map index; -1 (no selection) for anything else.
+
+    The UI leaves "{MAP_INDEX}" unreplaced on the page of an unmapped task instance, so an odd
+    value is no error: the page shows the run without a selected row.
+    """
+    return int(text) if text and _MAP_INDEX.fullmatch(text) else -1
+
+
 @app.get("/runs/{dag_id}/{run_id}/report", response_class=HTMLResponse, dependencies=READ_RUN)
-def run_report(dag_id: str, run_id: str, session: SessionDep) -> HTMLResponse:
-    """Serve the run report the merge published under the report root (report/location.py).
+def run_report(dag_id: str, run_id: str, session: SessionDep) -> StreamingResponse:
+    """Stream the run report the merge published under the report root (report/location.py).
 
     The file is found from the run's identity and the merge's task id in the metadata DB — never
-    from the merge's XCom, which names a path anyone allowed to edit XComs could change — and read
-    only under the configured root. Errors say nothing about the server's files.
+    from the merge's XCom, which names a path anyone allowed to edit XComs could change — and opened
+    under the configured root without following any link (ui/report_file.py). Errors say nothing
+    about the server's files.
     """
     view = load_run_view(session, dag_id, run_id)
     missing = HTTPException(404, f"run {run_id!r} of {dag_id!r} has no run report yet: its merge has not finished")
     if view is None or view.merge_task is None:
         raise missing
     try:
-        content = published_report(dag_id, run_id, view.merge_task).read_bytes()
-    except (OSError, ValueError):
+        body = open_report(settings.report_dir(), report_parts(dag_id, run_id, view.merge_task))
+    except ReportNotServed as refused:
+        if refused.too_large:
+            too_large = f"the run report is over {MAX_REPORT_BYTES // 2**20} MiB: open _REPORT.html in the job's output"
+            raise HTTPException(413, too_large) from None
         raise missing from None
-    return HTMLResponse(content)
+    return StreamingResponse(body, media_type="text/html; charset=utf-8")

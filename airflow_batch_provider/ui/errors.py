@@ -4,7 +4,7 @@ Two sources, both small XComs: while the run is live, the sensor's record of eac
 (:func:`airflow_batch_provider.progress.attempt_errors`: kinds as ``status/code: message``, a
 ``final`` flag, a few custom_ids); once the merge ran, its summary (``top_errors``,
 ``error_examples``, ``truncated_rows``), which is the final word for the whole run. Every value
-is read defensively: an XCom is data anyone with write access to it could have shaped.
+is read through :mod:`.values`: an XCom is data anyone with write access to it could have shaped.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batch_provider.batches.line_retry import is_final_error_code
+from airflow_batch_provider.ui.values import count_or_zero, items, mapping, text, texts
 
 EXAMPLES = 3
 TOP_KINDS = 5
@@ -72,23 +73,6 @@ def next_step(kind: str, final: bool) -> str:
     return "See the error column of these rows in the output, or the batch in the provider console."
 
 
-def _text(value: Any, limit: int = 300) -> str:
-    return str(value)[:limit]
-
-
-def _count(value: Any) -> int:
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
-
-
-def _ids(value: Any) -> list[str]:
-    if not isinstance(value, list | tuple):
-        return []
-    return [_text(v, 120) for v in value[:EXAMPLES]]
-
-
 def from_attempts(records: Iterable[Mapping[str, Any]]) -> list[ErrorKind]:
     """Return the failure kinds of a chunk's attempt records, most lines first.
 
@@ -97,14 +81,12 @@ def from_attempts(records: Iterable[Mapping[str, Any]]) -> list[ErrorKind]:
     """
     kinds: dict[str, ErrorKind] = {}
     for record in records:
-        for item in record.get("kinds") or ():
-            if not isinstance(item, Mapping):
-                continue
-            name = _text(item.get("kind") or "unknown")
+        for item in (i for i in items(mapping(record).get("kinds")) if isinstance(i, Mapping)):
+            name = text(item.get("kind")) or "unknown"
             kind = kinds.setdefault(name, ErrorKind(name, final=False))
-            kind.count += _count(item.get("count"))
+            kind.count += count_or_zero(item.get("count"))
             kind.final = kind.final or bool(item.get("final"))
-            kind.examples.extend(i for i in _ids(item.get("examples")) if i not in kind.examples)
+            kind.examples.extend(i for i in texts(item.get("examples"), EXAMPLES) if i not in kind.examples)
             del kind.examples[EXAMPLES:]
     return sorted(kinds.values(), key=lambda k: (not k.final, -k.count, k.kind))
 
@@ -124,16 +106,13 @@ def merge_kinds(groups: Iterable[Iterable[ErrorKind]]) -> list[ErrorKind]:
 
 def from_summary(summary: Mapping[str, Any]) -> list[ErrorKind]:
     """Return the run's failure kinds from the merge summary (final: the merge is over)."""
-    found = summary.get("error_examples")
-    examples: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+    examples = mapping(summary.get("error_examples"))
     kinds = []
-    for entry in summary.get("top_errors") or ():
-        if isinstance(entry, list | tuple) and len(entry) == 2:
-            name = _text(entry[0])
-            kinds.append(ErrorKind(name, _count(entry[1]), True, _ids(examples.get(name))))
+    for entry in (e for e in items(summary.get("top_errors")) if isinstance(e, list | tuple) and len(e) == 2):
+        name = text(entry[0])
+        kinds.append(ErrorKind(name, count_or_zero(entry[1]), True, texts(examples.get(name), EXAMPLES)))
     # Cut-off answers of every status; shown on their own unless a top kind already names them.
-    if _count(summary.get("truncated_rows")) and not any("truncated" in k.kind for k in kinds):
-        kinds.append(
-            ErrorKind(TRUNCATED_KIND, _count(summary["truncated_rows"]), True, _ids(summary.get("truncated_examples")))
-        )
+    truncated = count_or_zero(summary.get("truncated_rows"))
+    if truncated and not any("truncated" in k.kind for k in kinds):
+        kinds.append(ErrorKind(TRUNCATED_KIND, truncated, True, texts(summary.get("truncated_examples"), EXAMPLES)))
     return kinds

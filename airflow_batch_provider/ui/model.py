@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from airflow_batch_provider.ui.errors import ErrorKind, from_attempts, from_summary, merge_kinds
+from airflow_batch_provider.ui.values import UNREADABLE, count_or_zero, items, mapping, text, usd
 
 CHUNK_OPERATOR = "ChunkOperator"
 SUBMIT_OPERATOR = "SubmitBatchOperator"
@@ -125,7 +126,7 @@ class RunView:
     chunks: list[ChunkRow] = field(default_factory=list)
     summary: Mapping[str, Any] | None = None  # the merge summary, once the merge ran
     merge_task: str | None = None  # the merge's task id (from the DB, not an XCom): where its report is
-    estimated_cost_usd: float | None = None
+    estimated_cost_usd: float | str | None = None  # None: a chunk is unpriced; UNREADABLE: one is no amount
     generated_at: float = field(default_factory=time.time)
 
     @property
@@ -147,14 +148,14 @@ class RunView:
     def completed(self) -> int:
         """Requests that succeeded, over every chunk and batch (once merged, the rows the merge counts succeeded)."""
         if self.summary and "succeeded" in self.summary:
-            return _int(self.summary.get("succeeded"))
+            return count_or_zero(self.summary.get("succeeded"))
         return sum(c.succeeded for c in self.chunks)
 
     @property
     def failed(self) -> int:
         """Requests that failed for good (or, once merged, rows the merge counts failed)."""
         if self.summary and "failed" in self.summary:
-            return _int(self.summary.get("failed"))
+            return count_or_zero(self.summary.get("failed"))
         return sum(c.failed for c in self.chunks)
 
     @property
@@ -170,31 +171,23 @@ class RunView:
         return merge_kinds(c.errors for c in self.chunks)
 
     @property
-    def cost_usd(self) -> tuple[float | None, bool]:
-        """Return (cost, actual): the merge's actual batch cost once known, else the estimate."""
-        actual = (self.summary or {}).get("actual_cost_usd")
-        if isinstance(actual, int | float):
-            return float(actual), True
+    def cost_usd(self) -> tuple[Any, bool]:
+        """Return (cost, actual): the merge's actual batch cost once known, else the estimate (for ``show_usd``)."""
+        actual = mapping(self.summary).get("actual_cost_usd")
+        if actual is not None:
+            return actual, True
         return self.estimated_cost_usd, False
 
 
-def _int(value: Any) -> int:
-    """Return ``value`` as a count; 0 for anything else (XComs are user data: a bad one must not break the page)."""
-    try:
-        return max(0, int(value or 0))
-    except (TypeError, ValueError, OverflowError):
-        return 0
-
-
 def _key(record: Mapping[str, Any]) -> tuple[str, int]:
-    return str(record.get("job_dir") or ""), _int(record.get("chunk_index"))
+    return text(record.get("job_dir")), count_or_zero(record.get("chunk_index"))
 
 
 def _row(rows: dict[tuple[str, int], ChunkRow], record: Mapping[str, Any]) -> ChunkRow:
     key = _key(record)
     if key not in rows:
-        label = str(record.get("label") or f"chunk {key[1] + 1}")
-        rows[key] = ChunkRow(key=key, label=label, num_requests=_int(record.get("num_requests")))
+        label = text(record.get("label")) or f"chunk {key[1] + 1}"
+        rows[key] = ChunkRow(key=key, label=label, num_requests=count_or_zero(record.get("num_requests")))
     return rows[key]
 
 
@@ -203,28 +196,23 @@ Attempts = list[tuple[str, Mapping[str, Any] | None]]  # (batch id, end state or
 
 def _attempts(sensor: TaskRecord) -> Attempts:
     """Every attempt of the chunk: the sensor's result once it finished, else its checkpoint."""
-    result = sensor.result if isinstance(sensor.result, Mapping) else {}
-    states = result.get("attempts")
-    if isinstance(states, list) and states:
-        return [(str(s.get("batch_id") or ""), s) for s in states if isinstance(s, Mapping)]
-    attempts = (_mapping(sensor.checkpoint) or {}).get("attempts")
-    if isinstance(attempts, list) and attempts:
-        found = [a for a in attempts if isinstance(a, Mapping)]
-        return [(str(a.get("batch_id") or ""), _mapping(a.get("state"))) for a in found]
-    progress = _mapping(sensor.progress) or {}
-    return [(str(progress.get("first_batch_id") or progress.get("batch_id") or ""), None)] if progress else []
-
-
-def _mapping(value: Any) -> Mapping[str, Any] | None:
-    return value if isinstance(value, Mapping) else None
+    states = [s for s in items(mapping(sensor.result).get("attempts")) if isinstance(s, Mapping)]
+    if states:
+        return [(text(s.get("batch_id")), s) for s in states]
+    found = [a for a in items(mapping(sensor.checkpoint).get("attempts")) if isinstance(a, Mapping)]
+    if found:
+        return [(text(a.get("batch_id")), mapping(a.get("state")) or None) for a in found]
+    progress = mapping(sensor.progress)
+    return [(text(progress.get("first_batch_id") or progress.get("batch_id")), None)] if progress else []
 
 
 def _counts(record: Mapping[str, Any] | None, nested: bool) -> tuple[int, int, int]:
     """Return (total, completed, failed) of a BatchState dict (``nested``) or a progress record."""
     if record is None:
         return 0, 0, 0
-    counts = (_mapping(record.get("counts")) or {}) if nested else record
-    return _int(counts.get("total")), _int(counts.get("completed")), _int(counts.get("failed"))
+    counts = mapping(record.get("counts")) if nested else record
+    total, completed, failed = (count_or_zero(counts.get(name)) for name in ("total", "completed", "failed"))
+    return total, completed, failed
 
 
 def _live_attempt(progress: Mapping[str, Any], attempts: Attempts) -> int:
@@ -232,9 +220,9 @@ def _live_attempt(progress: Mapping[str, Any], attempts: Attempts) -> int:
     if not progress:
         return 0
     if "attempt" in progress:
-        return _int(progress.get("attempt"))
+        return count_or_zero(progress.get("attempt"))
     ids = [batch_id for batch_id, _ in attempts]
-    batch_id = str(progress.get("batch_id") or "")
+    batch_id = text(progress.get("batch_id"))
     return ids.index(batch_id) + 1 if batch_id in ids else len(attempts)
 
 
@@ -255,7 +243,7 @@ def _tally(row: ChunkRow, attempts: Attempts, progress: Mapping[str, Any], senso
         row.succeeded += ok
         if k < len(attempts):  # a later attempt exists: what failed here was sent again or is final
             record = sensor.errors.get(k) or {}
-            resent = _int(record["resent"]) if "resent" in record else (counts(k + 1)[0] or total - ok)
+            resent = count_or_zero(record["resent"]) if "resent" in record else (counts(k + 1)[0] or total - ok)
             row.failed += max(0, total - ok - resent)
             sent = resent
         elif attempts[k - 1][1] is not None and finished:
@@ -268,17 +256,17 @@ def _tally(row: ChunkRow, attempts: Attempts, progress: Mapping[str, Any], senso
 def _apply_sensor(row: ChunkRow, sensor: TaskRecord) -> None:
     row.sensor_task = (sensor.task_id, sensor.map_index)
     row.phase = f"wait: {sensor.state or 'not started'}"
-    progress = sensor.progress if isinstance(sensor.progress, Mapping) else {}
+    progress = mapping(sensor.progress)
     if progress:
-        row.provider_status = str(progress.get("provider_status") or "")
-        row.console_url = str(progress.get("console_url") or row.console_url)
+        row.provider_status = text(progress.get("provider_status"))
+        row.console_url = text(progress.get("console_url"), 2048) or row.console_url
     attempts = _attempts(sensor)
     row.succeeded = row.failed = row.judging = row.retrying = 0
     _tally(row, attempts, progress, sensor)
     row.attempts = [batch_id for batch_id, _ in attempts if batch_id] or row.attempts
     row.batch_id = row.attempts[0] if row.attempts else row.batch_id
     row.errors = from_attempts(sensor.errors[k] for k in sorted(sensor.errors))
-    wait = (_mapping(sensor.checkpoint) or {}).get("token_wait")
+    wait = mapping(sensor.checkpoint).get("token_wait")
     if isinstance(wait, Mapping) and wait and sensor.state in LIVE_TI_STATES:
         row.phase = "wait: the provider's token budget is full; the same lines go again"
         row.errors.insert(0, ErrorKind(TOKEN_LIMIT_KIND, row.total - row.done, final=False))
@@ -290,7 +278,7 @@ def _apply_submit(row: ChunkRow, submit: TaskRecord) -> None:
     row.submit_task = (submit.task_id, submit.map_index)
     row.phase = f"submit: {submit.state}"
     row.started = submit.start_date
-    row.batch_id = str((submit.result or {}).get("batch_id") or "")
+    row.batch_id = text(mapping(submit.result).get("batch_id"))
     row.attempts = row.attempts or ([row.batch_id] if row.batch_id else [])
 
 
@@ -322,6 +310,13 @@ def build_run_view(dag_id: str, run_id: str, run_state: str, tasks: Iterable[Tas
         if record:
             _apply_sensor(_row(rows, record), task)
     view.chunks = sorted(rows.values(), key=lambda r: r.key)
-    if estimates and all(isinstance(v, int | float) for v in estimates):
-        view.estimated_cost_usd = float(sum(estimates))
+    view.estimated_cost_usd = _estimate(estimates)
     return view
+
+
+def _estimate(values: list[Any]) -> float | str | None:
+    """Return the run's expected cost: the chunks' sum; None when one is unpriced; UNREADABLE when one is no amount."""
+    if not values or any(value is None for value in values):
+        return None
+    amounts = [usd(value) for value in values]
+    return sum(a for a in amounts if a is not None) if None not in amounts else UNREADABLE

@@ -17,6 +17,7 @@ from urllib.parse import quote
 from airflow_batch_provider.ui.model import RunView
 from airflow_batch_provider.ui.tables import RUN_COLUMNS, chunk_table, errors_panel, run_cells
 from airflow_batch_provider.ui.tables import STYLE as TABLE_STYLE
+from airflow_batch_provider.ui.values import mapping, show_count, show_usd, text
 
 REFRESH_MS = 3000
 
@@ -54,20 +55,6 @@ setTimeout(refresh, REFRESH_MS);
 SCRIPT_HASH = "sha256-" + base64.b64encode(hashlib.sha256(_SCRIPT.encode("utf-8")).digest()).decode("ascii")
 
 
-def _n(value: Any) -> str:
-    try:
-        return f"{int(value or 0):,}"
-    except (TypeError, ValueError, OverflowError):  # an XCom is user data: show a dash, not a 500
-        return "-"
-
-
-def _usd(value: Any) -> str:
-    try:
-        return "-" if value is None else f"${float(value):,.4f}"
-    except (TypeError, ValueError, OverflowError):
-        return "-"
-
-
 def page(title: str, body: str) -> str:
     """Return a whole HTML document around ``body``."""
     return (
@@ -82,25 +69,23 @@ def _card(label: str, value: str, test_id: str) -> str:
 
 def _totals(view: RunView) -> str:
     cards = [
-        _card("requests", _n(view.requests), "total-rows"),
-        _card("chunks", _n(len(view.chunks)), "total-chunks"),
-        _card("done (final result)", _n(view.done), "total-done"),
-        _card("succeeded", _n(view.completed), "total-completed"),
-        _card("failed for good", _n(view.failed), "total-failed"),
-        _card("being retried or checked", _n(view.retrying), "total-retrying"),
-        _card("expected cost (estimate)", _usd(view.estimated_cost_usd), "estimated-cost"),
+        _card("requests", show_count(view.requests), "total-rows"),
+        _card("chunks", show_count(len(view.chunks)), "total-chunks"),
+        _card("done (final result)", show_count(view.done), "total-done"),
+        _card("succeeded", show_count(view.completed), "total-completed"),
+        _card("failed for good", show_count(view.failed), "total-failed"),
+        _card("being retried or checked", show_count(view.retrying), "total-retrying"),
+        _card("expected cost (estimate)", show_usd(view.estimated_cost_usd), "estimated-cost"),
     ]
-    s: Mapping[str, Any] = view.summary or {}
+    s: Mapping[str, Any] = mapping(view.summary)
     if s:
-        statuses = s.get("statuses")
+        statuses = mapping(s.get("statuses"))
+        cards += [_card(f"rows {text(name)}", show_count(n), f"status-{text(name)}") for name, n in statuses.items()]
+        tokens = f"{show_count(s.get('input_tokens'))} / {show_count(s.get('output_tokens'))}"
         cards += [
-            _card(f"rows {name}", _n(count), f"status-{name}")
-            for name, count in (statuses.items() if isinstance(statuses, Mapping) else ())
-        ]
-        cards += [
-            _card("tokens in / out", f"{_n(s.get('input_tokens'))} / {_n(s.get('output_tokens'))}", "tokens"),
-            _card("actual cost (batch)", _usd(s.get("actual_cost_usd")), "actual-cost"),
-            _card("same work in real time", _usd(s.get("realtime_cost_usd")), "realtime-cost"),
+            _card("tokens in / out", tokens, "tokens"),
+            _card("actual cost (batch)", show_usd(s.get("actual_cost_usd")), "actual-cost"),
+            _card("same work in real time", show_usd(s.get("realtime_cost_usd")), "realtime-cost"),
         ]
     return f'<div class="cards">{"".join(cards)}</div>'
 

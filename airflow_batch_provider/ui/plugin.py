@@ -7,6 +7,11 @@ both places would register it twice). ``airflow plugins`` lists it as ``llm_batc
 
 The view is a FastAPI app (mounted by the api-server) shown through external views: an
 "LLM batches" entry in the navigation, and a tab on DAG run and task instance pages.
+
+The plugin also registers the operators' extra links (links.py). Without that, the api-server
+answers a serialized task's links with the XCom ``_link_<class>`` exactly as stored, which anyone
+allowed to edit XComs can set to ``javascript:…``; a plugin's link for an operator class takes
+precedence, so the api-server calls our ``get_link``, which returns only checked URLs.
 """
 
 from __future__ import annotations
@@ -36,6 +41,19 @@ class LLMBatchesPlugin(AirflowPlugin):
         from airflow_batch_provider.ui.app import app
 
         return [{"app": app, "url_prefix": UI_PREFIX, "name": "LLM batches"}]
+
+    @property
+    def operator_extra_links(self) -> list[Any]:  # type: ignore[override]
+        """The links of our operators, resolved by their own ``get_link`` on the api-server (imported when asked)."""
+        from airflow_batch_provider.links import BatchConsoleLink, RunReportLink
+        from airflow_batch_provider.operators.merge import MergeResultsOperator
+        from airflow_batch_provider.operators.submit import SubmitBatchOperator
+        from airflow_batch_provider.sensors.batch import BatchCompleteSensor
+
+        # Airflow matches a plugin link to a task by these classes' module and name.
+        BatchConsoleLink.operators = [SubmitBatchOperator, BatchCompleteSensor]
+        RunReportLink.operators = [MergeResultsOperator]
+        return [BatchConsoleLink(), RunReportLink()]
 
     external_views = [
         {"name": "LLM batches", "href": UI_PREFIX + "/", "destination": "nav", "url_route": "llm-batches"},

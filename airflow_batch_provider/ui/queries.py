@@ -10,18 +10,28 @@ from sqlalchemy.orm import Session
 
 from airflow_batch_provider.progress import ERRORS_KEY, PROGRESS_KEY
 from airflow_batch_provider.ui.model import OUR_OPERATORS, SENSOR_OPERATOR, RunView, TaskRecord, build_run_view
+from airflow_batch_provider.ui.values import UNREADABLE, mapping
 
 SENSOR_CHECKPOINT = "batch_wait"  # BatchCompleteSensor's CHECKPOINT_KEY (not imported: the sensor pulls in the SDKs)
 RECENT_RUNS = 50
 
 
 def _xcom_value(raw: Any) -> Any:
+    """Return a stored XCom as Airflow's REST API does, or UNREADABLE when it cannot be decoded.
+
+    Airflow's decoder rebuilds objects named by ``__classname__`` (a class outside the allow list
+    raises ImportError) and recurses into nesting (RecursionError): a value anyone could have
+    written must leave the page to show the rest.
+    """
     from airflow.models.xcom import XComModel
 
     class _Row:  # deserialize_value reads ``.value`` of a result row
         value = raw
 
-    return XComModel.deserialize_value(_Row)
+    try:
+        return XComModel.deserialize_value(_Row)
+    except Exception:
+        return UNREADABLE
 
 
 def load_run_view(session: Session, dag_id: str, run_id: str) -> RunView | None:
@@ -77,8 +87,8 @@ def _load_views(session: Session, runs: list[Any]) -> list[RunView]:
                 end_date=ti.end_date,
                 try_number=ti.try_number,
                 result=values.get("return_value"),
-                progress=_mapping(values.get(PROGRESS_KEY)),
-                checkpoint=_mapping(checkpoints.get(key)),
+                progress=mapping(values.get(PROGRESS_KEY)) or None,
+                checkpoint=mapping(checkpoints.get(key)) or None,
                 errors=_attempt_errors(values),
             )
         )
@@ -136,14 +146,10 @@ def _attempt_errors(values: dict[str, Any]) -> dict[int, Any]:
     return found
 
 
-def _mapping(value: Any) -> Any:
-    return value if isinstance(value, dict) else None
-
-
 def _loads(value: str) -> Any:
     try:
         return json.loads(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         return None
 
 

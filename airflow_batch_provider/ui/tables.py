@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from html import escape
 from typing import Any
 
+from airflow_batch_provider.links import console_link
 from airflow_batch_provider.ui.errors import ErrorKind
-from airflow_batch_provider.ui.links import safe_link
 from airflow_batch_provider.ui.model import ChunkRow, RunView
+from airflow_batch_provider.ui.values import show_usd, usd
 
 # Bar colours as SVG presentation attributes (not CSS): they need no style-src.
 _OK, _KO, _RETRY = "#2e7d32", "#c62828", "#f9a825"
@@ -72,7 +73,7 @@ def bar(ok: float, ko: float, retry: float, title: str) -> str:
 
 
 def _batches(row: ChunkRow) -> str:
-    href = safe_link(row.console_url)  # https:, or http: to loopback (the emulator); never javascript: & co
+    href = console_link(row.console_url)  # a backend's console URL for a well-shaped id; never javascript: & co
     if href:
         first = f'<a class="console" target="_blank" rel="noopener noreferrer" href="{_e(href)}">'
         first += f"{_e(row.batch_id)}</a>"
@@ -165,7 +166,7 @@ def run_cells(run: Mapping[str, Any]) -> str:
     done = view.done
     ok, ko, retry = (100.0 * v / total if total else 0.0 for v in (view.completed, view.failed, view.retrying))
     cost, actual = view.cost_usd
-    cost_text = "-" if cost is None else f"${cost:,.4f}" + ("" if actual else " (estimate)")
+    cost_text = show_usd(cost) + ("" if actual or usd(cost) is None else " (estimate)")
     return (
         f"<td class='progress' data-done='{_e(done)}' data-total='{_e(total)}'>"
         f"{bar(ok, ko, retry, f'{done:,} of {total:,} done')}<span class='muted'>{_n(done)} / {_n(total)}</span></td>"

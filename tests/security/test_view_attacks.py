@@ -234,3 +234,43 @@ def test_chromium_runs_no_injected_script(chromium: Any, view_server: ViewServer
     assert hosts <= {"127.0.0.1"}, f"the pages made requests to {hosts}"
     refused = [e["message"] for e in chromium.get_log("browser") if "Refused to execute" in e["message"]]
     assert refused == [], "the view's own script was blocked: SCRIPT_HASH does not match the page"
+
+
+def test_bad_numbers_and_types_in_xcoms_break_no_page(view_server: ViewServer, runs: dict[str, str]) -> None:
+    """Issue 38 item 5 on the real api-server: one huge integer or a wrong type in a run's XComs."""
+    run_id = "numbers"
+    view_server.trigger(DAG_ID, run_id, {})
+    chunk = {"job_dir": "/j", "chunk_index": 0, "label": "c", "num_requests": 10**4000, "cost_expected_usd": 10**4000}
+    view_server.set_xcom(run_id, "chunk", "return_value", [chunk])
+    view_server.set_xcom(run_id, "merge", "return_value", {"top_errors": 5, "actual_cost_usd": 10**4000})
+    pages = {"/": 200, f"/runs/{DAG_ID}/{run_id}": 200, f"/runs/{DAG_ID}/{run_id}?task_id=wait&map_index=²": 200,
+             f"/runs/{DAG_ID}/{run_id}?task_id=wait&map_index={'9' * 5000}": 200}  # fmt: skip
+    for path, status in pages.items():
+        answer = _get(view_server, path)
+        assert answer.status_code == status, (path, answer.text[:300])
+    assert "unreadable value" in _get(view_server, f"/runs/{DAG_ID}/{run_id}").text
+    assert "unreadable value" in _get(view_server, "/").text and ">published</a>" in _get(view_server, "/").text
+
+
+def test_a_link_in_the_report_root_serves_nothing(view_server: ViewServer, runs: dict[str, str]) -> None:
+    """Issue 38 item 6 on the real api-server: the run's report is a link to the system's password file."""
+    run_id = "linked"
+    view_server.trigger(DAG_ID, run_id, {})
+    view_server.set_xcom(run_id, "merge", "return_value", {"statuses": {"succeeded": 1}, "report": "x"})
+    report = published_report(DAG_ID, run_id, "merge", str(view_server.report_root))
+    report.parent.mkdir(parents=True)
+    report.symlink_to("/etc/passwd")
+    answer = _get(view_server, f"/runs/{DAG_ID}/{run_id}/report")
+    assert answer.status_code == 404 and "root:" not in answer.text
+
+
+def test_the_extra_links_api_returns_no_hostile_stored_link(view_server: ViewServer, runs: dict[str, str]) -> None:
+    """Issue 38 item 10: Airflow's API returned the ``_link_BatchConsoleLink`` XCom as stored."""
+    stored = {"submit": "javascript:alert(6)", "wait": "https://evil.example/batches/batch_1"}
+    for task_id, url in stored.items():
+        view_server.set_xcom("strings", task_id, "_link_BatchConsoleLink", url)
+        links = view_server.api("GET", f"/dags/{DAG_ID}/dagRuns/strings/taskInstances/{task_id}/links")
+        assert links["extra_links"]["Provider batch"] is None, links
+    view_server.set_xcom("strings", "merge", "_link_RunReportLink", "javascript:alert(7)")
+    links = view_server.api("GET", f"/dags/{DAG_ID}/dagRuns/strings/taskInstances/merge/links")
+    assert links["extra_links"]["Run report"].endswith(f"/llm-batches/runs/{DAG_ID}/strings/report"), links

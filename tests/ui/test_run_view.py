@@ -172,3 +172,16 @@ def test_a_chunk_waiting_out_the_token_budget_says_so_and_what_to_do():
     sensor = TaskRecord("wait", 0, "BatchCompleteSensor", "success", None, None, 1, progress=progress,
                         checkpoint=checkpoint)  # fmt: skip
     assert not _view(sensor).chunks[0].errors  # over: no longer a reason to wait
+
+
+def test_only_a_console_url_of_a_backend_template_becomes_a_link():
+    """Issue 38 item 10: an XCom's ``console_url`` to any https host was a link on the page."""
+    pages = {}
+    for url in ("https://platform.openai.com/batches/batch_1", "https://evil.example/batches/batch_1",
+                "https://platform.openai.com/batches/batch_1?u=https://evil.example"):  # fmt: skip
+        progress = {**CHUNK, "attempt": 1, "batch_id": "batch_1", "total": 100, "console_url": url}
+        sensor = TaskRecord("wait", 0, "BatchCompleteSensor", "deferred", None, None, 1, progress=progress)
+        pages[url] = run_content(_view(sensor), "/p")
+    linked = [url for url, html in pages.items() if 'class="console"' in html]
+    assert linked == ["https://platform.openai.com/batches/batch_1"]
+    assert "evil.example" not in pages["https://evil.example/batches/batch_1"]
