@@ -8,7 +8,7 @@ when a chunk names this provider; this module stays import-light (see
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_batch_provider.backends.base import Backend, CountableRequest, TokenRules
 from airflow_batch_provider.backends.openai.connection import CONNECTION_INFO
@@ -16,7 +16,7 @@ from airflow_batch_provider.chunking.limits import MB, ProviderLimits
 
 if TYPE_CHECKING:
     from airflow_batch_provider.chunking.requests import RequestRenderer
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import SpecFields
     from airflow_batch_provider.descriptors import ResultRecord
 
 OPENAI_LIMITS = ProviderLimits(
@@ -29,6 +29,8 @@ OPENAI_LIMITS = ProviderLimits(
     ),
     max_custom_id_chars=512,
 )
+
+MODEL_PREFIXES: tuple[str, ...] = ("gpt-", "o1", "o3", "o4", "text-embedding", "chatgpt-", "ft:", "davinci", "babbage")
 
 # Keys the renderer writes itself; a caller setting them in ``params`` is a mistake.
 _RESERVED = frozenset({"model", "messages", "input", "prompt", "stream"})
@@ -57,10 +59,13 @@ class OpenAIBackend(Backend):
     name = "openai"
     title = "OpenAI Batch"
     limits = OPENAI_LIMITS
-    endpoints = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions")
+    endpoints: ClassVar[tuple[str, ...]] = ("/v1/chat/completions", "/v1/embeddings", "/v1/completions")
     hook_class_path = "airflow_batch_provider.backends.openai.hook:OpenAIBatchHook"
     connection_type = "openai_batch"
-    model_prefixes = ("gpt-", "o1", "o3", "o4", "text-embedding", "chatgpt-", "ft:", "davinci", "babbage")
+    sdk_module = "openai"
+    sdk_requirement = "airflow-batch-provider[openai]"
+    default_model = "gpt-4o-mini"
+    model_prefixes: ClassVar[tuple[str, ...]] = MODEL_PREFIXES
     prices_source = "OpenAI API pricing page (platform/developers.openai.com/api/docs/pricing)"
     # Real-time list prices, USD per 1M tokens (input, output); the Batch API halves them.
     prices = {
@@ -81,10 +86,10 @@ class OpenAIBackend(Backend):
         "text-embedding-3-large": (0.13, 0.0),
     }
     # us./eu. are OpenAI's data-residency API hosts; their batches show in the same console.
-    console_hosts = ("api.openai.com", "us.api.openai.com", "eu.api.openai.com")
-    console_template = "https://platform.openai.com/batches/{batch_id}"
+    console_hosts: ClassVar[tuple[str, ...]] = ("api.openai.com", "us.api.openai.com", "eu.api.openai.com")
+    console_template: ClassVar[str | None] = "https://platform.openai.com/batches/{batch_id}"
 
-    def check_params(self, spec: RequestSpec) -> None:
+    def check_params(self, spec: SpecFields) -> None:
         """Reject parameters the renderer writes itself, and a schema given twice."""
         from airflow_batch_provider.exceptions import InvalidInputError
 
@@ -94,7 +99,7 @@ class OpenAIBackend(Backend):
         if spec.json_schema is not None and "response_format" in spec.params:
             raise InvalidInputError("Pass either response_schema or params['response_format'], not both.")
 
-    def renderer(self, spec: RequestSpec) -> RequestRenderer:
+    def renderer(self, spec: SpecFields) -> RequestRenderer:
         """Return the OpenAI Batch API line renderer."""
         from airflow_batch_provider.backends.openai.requests import OpenAIRenderer
 

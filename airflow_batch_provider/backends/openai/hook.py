@@ -71,8 +71,8 @@ class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
     exact_reconcile: ClassVar[bool] = True
     supports_token_budget: ClassVar[bool] = True
 
-    sync_client_class = openai.OpenAI
-    async_client_class = openai.AsyncOpenAI
+    sync_client_class: ClassVar[type[openai.OpenAI]] = openai.OpenAI
+    async_client_class: ClassVar[type[openai.AsyncOpenAI]] = openai.AsyncOpenAI
     sdk_error = openai.OpenAIError
 
     # -- clients ---------------------------------------------------------------------------------
@@ -165,7 +165,7 @@ class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
         an organisation that creates more batches than the cap between an intent and its retry.
         """
         return [
-            state_from_openai(batch)
+            state_from_openai(batch, self.provider)
             for batch in self._iter_batches(since=since)
             if (batch.metadata or {}).get(metadata_key) == value
         ]
@@ -175,7 +175,7 @@ class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
         for batch in self._iter_batches(since=since):
             key = (batch.metadata or {}).get(IDEMPOTENCY_METADATA_KEY)
             if key:
-                yield str(key), state_from_openai(batch)
+                yield str(key), state_from_openai(batch, self.provider)
 
     def in_flight_tokens(self, model: str, *, max_pages: int = 10) -> int:
         """Sum the estimated input tokens of non-terminal batches for ``model`` (see ``token_budget``).
@@ -198,37 +198,35 @@ class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
 
     def get_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state."""
-        return state_from_openai(
-            self._call(f"status of batch {batch_id}", lambda: self.client.batches.retrieve(batch_id))
-        )
+        batch = self._call(f"status of batch {batch_id}", lambda: self.client.batches.retrieve(batch_id))
+        return state_from_openai(batch, self.provider)
 
     async def aget_state(self, batch_id: str) -> BatchState:
         """Return the batch's current state using the async client."""
         client = await self.aget_client()
         batch = await self._acall(f"status of batch {batch_id}", lambda: client.batches.retrieve(batch_id))
-        return state_from_openai(batch)
+        return state_from_openai(batch, self.provider)
 
     async def alist_states(self) -> AsyncGenerator[list[BatchState], None]:
         """Yield pages of recent batches, newest first (``batches.list``, one call per page)."""
         client = await self.aget_client()
         page = await self._acall("batch list", lambda: client.batches.list(limit=self.list_page_size))
         while True:
-            yield [state_from_openai(batch) for batch in page.data]
+            yield [state_from_openai(batch, self.provider) for batch in page.data]
             if not page.has_next_page():
                 return
             page = await self._acall("batch list (next page)", page.get_next_page)
 
     def cancel(self, batch_id: str) -> BatchState:
         """Ask OpenAI to cancel the batch (it moves to ``cancelling``, then ``cancelled``)."""
-        return state_from_openai(
-            self._call(f"cancel of batch {batch_id}", lambda: self.client.batches.cancel(batch_id))
-        )
+        batch = self._call(f"cancel of batch {batch_id}", lambda: self.client.batches.cancel(batch_id))
+        return state_from_openai(batch, self.provider)
 
     async def acancel(self, batch_id: str) -> BatchState:
         """Async twin of :meth:`cancel`."""
         client = await self.aget_client()
         batch = await self._acall(f"cancel of batch {batch_id}", lambda: client.batches.cancel(batch_id))
-        return state_from_openai(batch)
+        return state_from_openai(batch, self.provider)
 
     def _stream_file_lines(self, file_id: str) -> Generator[bytes]:
         with self.client.files.with_streaming_response.content(file_id) as response:
@@ -293,4 +291,4 @@ class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
             base_url = str(self.client.base_url)
         except (AirflowNotFoundException, openai.OpenAIError):
             return None
-        return console_url("openai", base_url, batch_id)
+        return console_url(self.provider, base_url, batch_id)

@@ -53,8 +53,8 @@ def classify_openai_error(exc: BaseException) -> tuple[bool, float | None]:
     return False, None
 
 
-def state_from_openai(batch: Any) -> BatchState:
-    """Build a :class:`BatchState` from an SDK ``Batch`` object."""
+def state_from_openai(batch: Any, provider: str = "openai") -> BatchState:
+    """Build a :class:`BatchState` from an SDK ``Batch`` object (``provider``: a variant's own name, e.g. azure)."""
     counts = batch.request_counts
     errors: tuple[dict[str, Any], ...] = ()
     if batch.errors is not None and batch.errors.data:
@@ -63,7 +63,7 @@ def state_from_openai(batch: Any) -> BatchState:
         )
     return BatchState(
         batch_id=batch.id,
-        provider="openai",
+        provider=provider,
         status=map_openai_status(batch.status, batch.id),
         provider_status=batch.status,
         counts=RequestCounts(
