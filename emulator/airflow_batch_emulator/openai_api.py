@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_batch_emulator.config import EmulatorConfig
-from airflow_batch_emulator.openai_batch import OpenAIRunner
+from airflow_batch_emulator.openai_batch import MAX_LINES, OpenAIRunner
 from airflow_batch_emulator.records import OpenAIBatch, StoredFile
 from airflow_batch_emulator.scheduling import request_priority
 from airflow_batch_emulator.store import Store
@@ -99,7 +99,11 @@ def _expiry_seconds(anchor: Any, seconds: Any, param: str) -> int | None:
 
 
 class OpenAIApi:
-    """Handlers for the OpenAI routes."""
+    """Handlers for the OpenAI routes (a variant such as Azure's subclasses it: :mod:`.azure_api`)."""
+
+    #: What a batch create accepts: its endpoints, and requests per input file.
+    batch_endpoints: frozenset[str] = BATCH_ENDPOINTS
+    max_lines: int = MAX_LINES
 
     def __init__(self, store: Store, runner: OpenAIRunner, config: EmulatorConfig) -> None:
         self.store = store
@@ -120,7 +124,7 @@ class OpenAIApi:
             ("POST", r"/v1/batches/(?P<batch_id>[^/]+)/cancel", self.cancel_batch),
         ]
         for endpoint in sorted(BATCH_ENDPOINTS):
-            routes.append(("POST", endpoint, self._realtime(endpoint)))
+            routes.append(("POST", endpoint, self.realtime_handler(endpoint)))
         return routes
 
     # files ------------------------------------------------------------------------------------
@@ -200,9 +204,9 @@ class OpenAIApi:
             if not body.get(param):
                 raise _missing(param)
         endpoint = body["endpoint"]
-        if endpoint not in BATCH_ENDPOINTS:
+        if endpoint not in self.batch_endpoints:
             raise _invalid(
-                "endpoint", f"Invalid value for 'endpoint': {endpoint!r}; supported: {sorted(BATCH_ENDPOINTS)}."
+                "endpoint", f"Invalid value for 'endpoint': {endpoint!r}; supported: {sorted(self.batch_endpoints)}."
             )
         if body["completion_window"] != "24h":
             raise _invalid(
@@ -230,6 +234,7 @@ class OpenAIApi:
             faults=self.store.faults,
             request_count_hint=stored.data.count(b"\n") + (0 if stored.data.endswith(b"\n") or not stored.data else 1),
             output_expires_after=ttl or DEFAULT_FILE_TTL,
+            max_lines=self.max_lines,
             due=time.monotonic() + self.config.latency,
         )
         with self.store.lock:
@@ -265,7 +270,8 @@ class OpenAIApi:
 
     # realtime ---------------------------------------------------------------------------------
 
-    def _realtime(self, endpoint: str) -> Handler:
+    def realtime_handler(self, endpoint: str) -> Handler:
+        """Return the handler of one realtime model endpoint (Azure serves it under its deployment paths)."""
         builder = OPENAI_BUILDERS[endpoint]
 
         def handle(req: Request) -> Response:

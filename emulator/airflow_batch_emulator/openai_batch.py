@@ -52,10 +52,15 @@ def _error(code: str, message: str, line: int | None = None, param: str | None =
     return {"code": code, "line": line, "message": message, "param": param}
 
 
-def validate_input(data: bytes, endpoint: str, faults: Faults) -> Validation:
+def engine_endpoint(endpoint: str) -> str:
+    """Return the OpenAI route that answers ``endpoint`` (Azure names ``/chat/completions`` without ``/v1``)."""
+    return endpoint if endpoint.startswith("/v1/") else "/v1" + endpoint
+
+
+def validate_input(data: bytes, endpoint: str, faults: Faults, max_lines: int = MAX_LINES) -> Validation:
     """Check an input file the way the Batch API does; collect every error found."""
     result = Validation()
-    lines = _file_lines(data, faults, result.errors)
+    lines = _file_lines(data, faults, result.errors, max_lines)
     if lines is None:
         return result
     seen: set[str] = set()
@@ -75,13 +80,13 @@ def validate_input(data: bytes, endpoint: str, faults: Faults) -> Validation:
                 msg = f"The model {model!r} differs from {first_model!r}; all requests in a batch must use one model."
                 errors.append(_error("model_mismatch", msg, number, "body.model"))
         if faults.token_limit is not None:
-            result.tokens += request_tokens(endpoint, body)
+            result.tokens += request_tokens(engine_endpoint(endpoint), body)
     result.lines = lines
     result.model = first_model
     return result
 
 
-def _file_lines(data: bytes, faults: Faults, errors: list[dict[str, Any]]) -> list[bytes] | None:
+def _file_lines(data: bytes, faults: Faults, errors: list[dict[str, Any]], max_lines: int) -> list[bytes] | None:
     """Return the file's lines, or None after recording why the whole file is refused."""
     if faults.fail_validation:
         errors.append(
@@ -98,8 +103,8 @@ def _file_lines(data: bytes, faults: Faults, errors: list[dict[str, Any]]) -> li
         msg = "The batch input file is empty. Please ensure that the batch contains at least one request."
         errors.append(_error("empty_file", msg))
         return None
-    if len(lines) > MAX_LINES:
-        msg = f"The batch input file contains {len(lines)} requests; the maximum is {MAX_LINES}."
+    if len(lines) > max_lines:
+        msg = f"The batch input file contains {len(lines)} requests; the maximum is {max_lines}."
         errors.append(_error("too_many_tasks", msg))
         return None
     return lines
@@ -151,9 +156,9 @@ def run_line(batch_id: str, endpoint: str, raw: bytes, faults: Faults, created: 
         status, body = 400, _error_body("Invalid request (emulator fault invalid_line_rate).", "invalid_request_error")
     else:
         try:
-            body = OPENAI_BUILDERS[endpoint](obj["body"], created)
+            body = OPENAI_BUILDERS[engine_endpoint(endpoint)](obj["body"], created)
             unique_id(body, digest)
-            if endpoint in CUTTABLE_ENDPOINTS and cut_short(faults, custom_id):
+            if engine_endpoint(endpoint) in CUTTABLE_ENDPOINTS and cut_short(faults, custom_id):
                 cut_openai_answer(body)
         except ParamError as exc:
             status, body = 400, _error_body(exc.message, "invalid_request_error", exc.param)
@@ -209,7 +214,7 @@ class OpenAIRunner:
     def _validate(self, batch: OpenAIBatch) -> None:
         stored = self.store.files.get(batch.input_file_id)
         data = stored.data if stored is not None else b""
-        found = validate_input(data, batch.endpoint, batch.faults)
+        found = validate_input(data, batch.endpoint, batch.faults, batch.max_lines)
         with self.store.lock:
             if not self._live(batch) or batch.status != "validating":
                 return

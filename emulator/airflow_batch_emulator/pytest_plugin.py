@@ -39,6 +39,10 @@ def connection_env(emulator: BatchEmulator) -> dict[str, str]:
         "AIRFLOW_CONN_GEMINI_DEFAULT": json.dumps(
             {"conn_type": "gemini", "host": emulator.url, "password": EMULATOR_API_KEY}
         ),
+        # Served by the Azure route set (azure_api.py, an entry point of this distribution).
+        "AIRFLOW_CONN_AZURE_OPENAI_BATCH_DEFAULT": json.dumps(
+            {"conn_type": "azure_openai_batch", "host": emulator.url, "password": EMULATOR_API_KEY}
+        ),
     }
 
 

@@ -62,6 +62,7 @@ class OpenAIBatch:
     faults: Faults
     request_count_hint: int
     output_expires_after: int | None = None
+    max_lines: int = 50_000  # requests one input file may hold (the API that created it decides)
     status: str = "validating"
     times: dict[str, int] = field(default_factory=dict)
     model: str | None = None

@@ -33,6 +33,7 @@ from airflow_batch_emulator.anthropic_batch import AnthropicRunner
 from airflow_batch_emulator.bedrock_api import BedrockApi, bedrock_error, is_bedrock_path
 from airflow_batch_emulator.config import EmulatorConfig
 from airflow_batch_emulator.engine import Engine
+from airflow_batch_emulator.extensions import load_route_sets
 from airflow_batch_emulator.faults import Faults
 from airflow_batch_emulator.gemini_api import GeminiApi, gemini_error, is_gemini_path, is_upload_session
 from airflow_batch_emulator.openai_api import OpenAIApi
@@ -72,13 +73,18 @@ class BatchEmulator:
         self.engine = Engine(self.store, openai_runner, anthropic_runner)
         self.bedrock = BedrockApi(self.store, self.config)  # owns its job worker and S3 endpoint
         self.gemini = GeminiApi(self.store, self.config)  # owns its job worker (started by the first create)
+        self.openai_api = OpenAIApi(self.store, openai_runner, self.config)
         self._routes: list[_Route] = []
         self._route_names: dict[tuple[str, str], str] = {}
+        # Route sets of installed packages (entry points, .extensions): Azure's, or another backend's fake.
+        self.extensions = load_route_sets(self)
+        self._key_headers = ("x-api-key", "x-goog-api-key", *(h for ext in self.extensions for h in ext.key_headers))
         for method, pattern, handler in [
-            *OpenAIApi(self.store, openai_runner, self.config).routes(),
+            *self.openai_api.routes(),
             *AnthropicApi(self.store, anthropic_runner, self.config).routes(),
             *self.bedrock.routes(),
             *self.gemini.routes(),
+            *(route for extension in self.extensions for route in extension.routes()),
         ]:
             self._routes.append((method, re.compile(pattern), handler))
             # The route's name in stats (``routes``), as route delays spell it: ``GET /v1/batches/{batch_id}``.
@@ -120,6 +126,8 @@ class BatchEmulator:
         self.engine.stop()
         self.bedrock.close()
         self.gemini.close()
+        for extension in self.extensions:
+            extension.close()
 
     def __enter__(self) -> BatchEmulator:
         return self.start()
@@ -172,6 +180,8 @@ class BatchEmulator:
         self.store.reset()
         self.bedrock.runner.reset()
         self.gemini.reset()
+        for extension in self.extensions:
+            extension.reset()
 
     def set_faults(self, **settings: Any) -> Faults:
         """Replace the fault settings (fields not given go back to off) and return them."""
@@ -191,7 +201,8 @@ class BatchEmulator:
     def batches(self, include_custom_ids: bool = False) -> list[dict[str, Any]]:
         """List every batch of both providers with its status and custom_id count."""
         bedrock, gemini = self.bedrock.batches(include_custom_ids), self.gemini.batches(include_custom_ids)
-        return self.store.batches(include_custom_ids) + bedrock + gemini
+        others = [batch for extension in self.extensions for batch in extension.batches(include_custom_ids)]
+        return self.store.batches(include_custom_ids) + bedrock + gemini + others
 
     # dispatch ---------------------------------------------------------------------------------
 
@@ -201,6 +212,7 @@ class BatchEmulator:
         family: ErrorFactory = anthropic_error if path.startswith("/v1/messages") else openai_error
         family = bedrock_error if is_bedrock_path(path) else family
         family = gemini_error if is_gemini_path(path) else family
+        family = next((ext.error for ext in self.extensions if ext.prefix and path.startswith(ext.prefix)), family)
         try:
             body = handler.read_body(self.config.max_upload_bytes)
         except ValueError:
@@ -222,8 +234,8 @@ class BatchEmulator:
         auth = req.headers.get("Authorization", "")
         bearer = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
         signed = auth.startswith("AWS4-HMAC-SHA256 ")  # boto3 signs with SigV4 (Bedrock routes)
-        # Gemini: x-goog-api-key; its upload chunks carry none (the upload id authorises them).
-        keyed = req.headers.get("x-api-key", "").strip() or req.headers.get("x-goog-api-key", "").strip()
+        # Gemini: x-goog-api-key (its upload chunks carry none: the upload id authorises them); Azure: api-key.
+        keyed = any(req.headers.get(header, "").strip() for header in self._key_headers)
         if not bearer and not signed and not keyed and not is_upload_session(req):
             return family(401, "authentication_error", "Missing or empty API key.").response()
         faulted = self._http_fault(handler, family)
