@@ -3,14 +3,16 @@
 table ─► chunk (JSONL files, 10,000 requests each) ─► submit (one mapped task per chunk)
       ─► wait (deferred: no worker held while the provider works) ─► merge (parquet dataset)
 
+One ``llm_batch_job`` call builds those four tasks (docs/reference.md lists every argument).
+
 Each answer is structured output — ``{"label": <one of LABELS>, "confidence": 0..1}`` — validated
 at merge time and written as the ``label`` and ``confidence`` columns. The same DAG runs on the
-OpenAI Batch API, Anthropic Message Batches or Amazon Bedrock batch inference: set the
-``provider`` Param; the chunk files, checkpoints and merged schema stay the same.
+OpenAI Batch API, Anthropic Message Batches, Amazon Bedrock, Gemini or any other installed backend:
+set the ``provider`` Param; the chunk files, checkpoints and merged schema stay the same.
 
 Run it offline against the bundled emulator with ``make demo`` (``make demo BACKEND=anthropic``,
 ``make demo BACKEND=bedrock``), or against the real APIs by pointing the ``openai_batch_default`` /
-``anthropic_batch_default`` / ``bedrock_batch_default`` connection at them (see README).
+``anthropic_batch_default`` / ``bedrock_batch_default`` connection at them (docs/backends.md).
 Unpausing starts a scheduled run of the default 100 rows at once (``catchup=False``: the latest
 day), then one a day; larger jobs run only when triggered with a larger ``rows``. Every Param can be overridden with
 ``airflow dags test nightly_product_classification -c '{"rows": 5000, "provider": "anthropic"}'``.
@@ -25,12 +27,10 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, Param, task
 
-from airflow_batch_provider.operators.chunk import ChunkOperator
-from airflow_batch_provider.operators.merge import MergeResultsOperator
-from airflow_batch_provider.operators.submit import SubmitBatchOperator
-from airflow_batch_provider.sensors.batch import BatchCompleteSensor
+from airflow_batch_provider.backends.registry import all_backends
+from airflow_batch_provider.operators import llm_batch_job
 
-# One folder per run and task under the job_dir Param; empty: ChunkOperator's default under $AIRFLOW_BATCH_WORK_DIR.
+# One folder per run and task under the job_dir Param; empty: ChunkOperator's default under [llm_batch] work_dir.
 JOB_DIR = "{{ params.job_dir and (params.job_dir ~ '/' ~ dag.dag_id ~ '/' ~ run_id ~ '/chunk') }}"
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
 # Rows of a run nobody gave a `rows` to: the scheduled ones, which start as soon as the DAG is unpaused.
@@ -66,14 +66,9 @@ def alert_on_failure(context: dict[str, Any]) -> None:
     )
 
 
-# Each is in the built-in price table (airflow_batch_provider.cost.pricing), so the cost guard and
-# the cost lines work out of the box; tests/test_dags.py checks every example default has a price.
-DEFAULT_MODELS = {
-    "openai": "gpt-4o-mini",
-    "anthropic": "claude-haiku-4-5",
-    "bedrock": "anthropic.claude-3-5-haiku-20241022-v1:0",
-    "gemini": "gemini-2.5-flash",
-}
+# Every installed backend names its default model (Backend.default_model), so one installed from another
+# package runs in this DAG unedited; tests/test_dags.py checks that each default has a price.
+DEFAULT_MODELS = {backend.name: backend.default_model for backend in all_backends()}
 
 PROMPT = (
     "Classify this product into exactly one category.\n"
@@ -115,21 +110,23 @@ with DAG(
         ),
         "provider": Param(
             "openai",
-            enum=["openai", "anthropic", "bedrock", "gemini"],
-            description="Batch API to use (bedrock: Amazon Bedrock; gemini: Google Gemini Batch API).",
+            type="string",
+            examples=sorted(DEFAULT_MODELS),  # proposed in the trigger form; any installed backend's name runs
+            description=f"Batch API to use: an installed backend ({', '.join(sorted(DEFAULT_MODELS))}).",
         ),
         "model": Param(
             "",
             type="string",
-            description="Empty: gpt-4o-mini (OpenAI) / claude-haiku-4-5 (Anthropic) / "
-            "anthropic.claude-3-5-haiku-20241022-v1:0 (Bedrock) / gemini-2.5-flash (Gemini).",
+            description="Empty: the backend's default model ("
+            + ", ".join(f"{name}: {model}" for name, model in sorted(DEFAULT_MODELS.items()))
+            + ").",
         ),
         "data_dir": Param(DATA_DIR, type="string", description="Where the input table is written."),
         "output_dir": Param("", type="string", description="Output dataset folder; empty: under data_dir."),
         "job_dir": Param(
             "",
             type="string",
-            description="Root of the job folders; empty: $AIRFLOW_BATCH_WORK_DIR. Workers on several hosts: s3://….",
+            description="Root of the job folders; empty: [llm_batch] work_dir. Workers on several hosts: s3://….",
         ),
         "conn_id": Param("", type="string", description="Empty: the provider hook's default connection."),
         "max_cost_usd": Param(
@@ -171,38 +168,24 @@ with DAG(
 
     products = make_products("{{ params.rows }}", "{{ params.data_dir }}")
 
-    chunks = ChunkOperator(
-        task_id="chunk",
+    llm_batch_job(
+        "classify",
+        prefix_group_id=False,  # task ids stay chunk, submit, wait, merge: earlier runs and alerts name them
         source=products,
         prompt_template=PROMPT,
         system_prompt="You are a careful retail catalogue assistant.",
         provider="{{ params.provider }}",
-        model="{{ params.model or default_models[params.provider] }}",
+        model="{{ params.model or default_models.get(params.provider, '') }}",
         id_column="product_id",
-        job_dir=JOB_DIR,
         request_params={"max_tokens": 64, "temperature": 0},
         response_schema=CLASSIFICATION,
-        max_cost_usd="{{ params.max_cost_usd or '' }}",
-        # Nightly reruns pay only for new or changed rows; the rest keep last night's result.
-        skip_unchanged=True,
-        previous_output=OUTPUT_DIR,
         chunk_size="{{ params.chunk_size }}",
-    )
-
-    submitted = SubmitBatchOperator.partial(task_id="submit", conn_id="{{ params.conn_id }}").expand(
-        chunk=chunks.output
-    )
-
-    completed = BatchCompleteSensor.partial(
-        task_id="wait",
-        conn_id="{{ params.conn_id }}",
+        max_cost_usd="{{ params.max_cost_usd or '' }}",
+        skip_unchanged=True,  # reruns pay only for new or changed rows; the rest keep last night's result
+        previous_output=OUTPUT_DIR,
+        job_dir=JOB_DIR,
+        conn_id="{{ params.conn_id }}",  # submit, wait and merge all take it: each gets it
         poll_interval="{{ params.poll_interval }}",
-    ).expand(batch=submitted.output)
-
-    MergeResultsOperator(
-        task_id="merge",
-        batches=completed.output,
-        conn_id="{{ params.conn_id }}",
         output_dir=OUTPUT_DIR,
         max_failure_ratio="{{ params.max_failure_ratio }}",
         outlets=[CLASSIFIED_PRODUCTS],

@@ -18,10 +18,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_batch_provider.operators.chunk import ChunkOperator
-from airflow_batch_provider.operators.merge import MergeResultsOperator
-from airflow_batch_provider.operators.submit import SubmitBatchOperator
-from airflow_batch_provider.sensors.batch import BatchCompleteSensor
+from airflow_batch_provider.operators import llm_batch_job
 
 DATA_DIR = os.environ.get("BATCH_DEMO_DATA_DIR", "/tmp/airflow-batch-demo")
 OUTPUT_DIR = "{{ params.output_dir or (params.data_dir ~ '/output/' ~ dag.dag_id) }}"
@@ -63,8 +60,9 @@ with DAG(
 
         return write_synthetic_products(int(rows), data_dir)
 
-    chunks = ChunkOperator(
-        task_id="chunk",
+    llm_batch_job(
+        "summarise",
+        prefix_group_id=False,  # task ids chunk, submit, wait, merge, as before the factory
         source=products("{{ params.rows }}", "{{ params.data_dir }}"),
         prompt_template="Summarise: {title}. {description}",
         system_prompt="{{ system_prompts[params.prompt_version] }}",
@@ -74,9 +72,6 @@ with DAG(
         chunk_size=10_000,
         skip_unchanged=True,
         previous_output=OUTPUT_DIR,
+        poll_interval="{{ params.poll_interval }}",
+        output_dir=OUTPUT_DIR,
     )
-    submitted = SubmitBatchOperator.partial(task_id="submit").expand(chunk=chunks.output)
-    completed = BatchCompleteSensor.partial(task_id="wait", poll_interval="{{ params.poll_interval }}").expand(
-        batch=submitted.output
-    )
-    MergeResultsOperator(task_id="merge", batches=completed.output, output_dir=OUTPUT_DIR)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from airflow_batch_provider.backends.registry import backend_names
+from airflow_batch_provider.operators.batch_job import LLMBatchJob
 from tests.conftest import REPO_ROOT
 
 DAG_FILES = sorted((REPO_ROOT / "dags").glob("*.py"))
@@ -79,7 +81,9 @@ def test_example_dag_shape(dagbag):
     (outlet,) = dag.get_task("merge").outlets  # downstream DAGs can be scheduled on the merged output
     assert outlet.name == "classified_products"
     assert dag.get_task("chunk").skip_unchanged is True
-    assert dag.get_task("wait").partial_kwargs.get("deferrable") is None  # deferrable by default
+    assert dag.get_task("wait").partial_kwargs.get("deferrable") is None  # the deployment's default_deferrable
+    (job,) = [group for group in dag.task_group_dict.values() if isinstance(group, LLMBatchJob)]  # one factory call
+    assert set(job.children) == {"chunk", "submit", "wait", "merge"} and job.merge is dag.get_task("merge")
 
 
 def test_unpausing_a_dag_never_starts_a_large_job(dagbag):
@@ -111,19 +115,55 @@ def test_every_default_model_of_the_example_dags_has_a_price(dagbag):
         for task in dag.tasks:
             if not isinstance(task, ChunkOperator):
                 continue
-            providers = dag.params.get_param("provider").schema.get("enum") if "provider" in dag.params else None
             if "{{" not in task.model:
                 models = {task.model}
             elif "default_models" not in task.model:  # "{{ params.model }}": the Param's default is the model
                 models = {dag.params["model"]}
-            else:  # "{{ params.model or default_models[params.provider] }}"
+            else:  # "{{ params.model or default_models.get(params.provider, '') }}": each backend's default
                 assert not dag.params["model"], f"{dag.dag_id}: the model Param's default should be empty"
                 models = set(dag.user_defined_macros["default_models"].values())
-                assert set(dag.user_defined_macros["default_models"]) == set(providers or [])
+                assert set(dag.user_defined_macros["default_models"]) == set(backend_names())
             for model in models:
                 assert pricing.get(model) is not None, f"{dag.dag_id}.{task.task_id}: no price for {model!r}"
                 checked.add(model)
     assert {"gpt-4o-mini", "claude-haiku-4-5"} <= checked
+
+
+ACME_BACKEND = """
+from airflow_batch_provider.backends.openai import OpenAIBackend
+
+class AcmeBackend(OpenAIBackend):
+    name = "acme"
+    title = "Acme Batch"
+    default_model = "acme-small"
+"""
+
+
+def test_a_backend_from_another_package_runs_in_the_shipped_dag_unedited(tmp_path):
+    """An installed distribution registers a backend by entry point: the nightly DAG offers it as a
+    provider (no closed enum refuses it) and, with no model given, uses the model the backend names."""
+    site = tmp_path / "site"
+    (site / "acme_batch-1.0.dist-info").mkdir(parents=True)
+    (site / "acme_batch.py").write_text(ACME_BACKEND)
+    (site / "acme_batch-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: acme-batch\nVersion: 1.0\n"
+    )
+    (site / "acme_batch-1.0.dist-info" / "entry_points.txt").write_text(
+        "[airflow_batch_provider.backends]\nacme = acme_batch:AcmeBackend\n"
+    )
+    code = (
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"dag = DagBag(dag_folder={str(REPO_ROOT / 'dags' / 'nightly_product_classification.py')!r}).dags"
+        "['nightly_product_classification']\n"
+        "dag.params.get_param('provider').resolve('acme')  # a closed enum raised ParamValidationError here\n"
+        "chunk = dag.get_task('chunk')\n"
+        "context = {'params': {'model': '', 'provider': 'acme'}, **dag.user_defined_macros}\n"
+        "print(chunk.render_template(chunk.model, context, dag.get_template_env()))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "acme-small"
 
 
 @pytest.mark.scenario
@@ -131,7 +171,7 @@ def test_max_failure_ratio_param_reaches_the_merge(airflow_db, openai_conn, tmp_
     """3% truncated answers pass the default 0.05 (see above) but not a Param of 0.01; null turns it off."""
     from airflow.dag_processing.dagbag import DagBag
 
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     openai_conn.set_faults(truncate_rate=0.03)
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
     conf = {"rows": 800, "data_dir": str(tmp_path / "data"), "poll_interval": 0.2, "max_failure_ratio": 0.01}
@@ -151,7 +191,7 @@ def test_example_dag_end_to_end(airflow_db, openai_conn, anthropic_conn, provide
 
     from airflow_batch_emulator.examples import synthetic_products
 
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
     labels = dag.get_task("chunk").response_schema["properties"]["label"]["enum"]
     out = tmp_path / "out"
@@ -207,7 +247,7 @@ def test_cost_guard_stops_the_dag_before_any_upload(airflow_db, openai_conn, tmp
     DAG's failure callback logs its alert (the task SDK's RuntimeTaskInstance has no ``ti.log``)."""
     from airflow.dag_processing.dagbag import DagBag
 
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
     run = dag.test(
         run_conf={
@@ -233,7 +273,7 @@ def test_reprocessing_sends_only_what_changed(airflow_db, openai_conn, tmp_path,
     """Same run twice → nothing sent; 1,000 more rows → only those; a new prompt version → every row."""
     from airflow.dag_processing.dagbag import DagBag
 
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["reprocess_after_prompt_change"]
     out = tmp_path / "out"
 
@@ -276,7 +316,7 @@ def test_truncated_answers_are_final_reported_by_kind_and_not_paid_for_again(
     import orjson
     from airflow.dag_processing.dagbag import DagBag
 
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     openai_conn.set_faults(truncate_rate=0.03)
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
     out = tmp_path / "out"
@@ -326,7 +366,7 @@ def test_a_dag_run_emits_the_documented_metrics(airflow_db, openai_conn, tmp_pat
 
     stats = _RecordingStats()
     monkeypatch.setattr("airflow_batch_provider.metrics.airflow_stats", lambda: stats)
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
     conf = {"rows": 1500, "data_dir": str(tmp_path / "data"), "output_dir": str(tmp_path / "out"), "poll_interval": 0.2}
     assert dag.test(run_conf=conf).state == "success"
