@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import REPO_ROOT
 
-DOCS = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md")])
+DOCS = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "docs").rglob("*.md")])
 TOP_FOLDERS = "tests|benchmarks|scripts|dags|emulator|airflow_batch_provider|docs|docker"
 PATH = re.compile(rf"`((?:{TOP_FOLDERS})/[A-Za-z0-9_./-]+)`")
 TEST_NAME = re.compile(r"`(test_[a-z0-9_]+)`")
@@ -55,3 +56,21 @@ def test_the_fault_table_claims_no_known_gap_markers() -> None:
     marker = "pytest.mark." + "xfail"  # spelled in two parts so that this file does not match itself
     marked = [p.name for p in (REPO_ROOT / "tests").rglob("*.py") if marker in p.read_text()]
     assert marked == []
+
+
+def test_the_readme_dag_is_one_factory_call_that_parses(tmp_path: Path) -> None:
+    """The README's DAG is what a user copies first: it must load, as four tasks from one ``llm_batch_job``."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 200, "README.md is a landing page: move the detail into docs/"
+    section = readme.split("## A DAG", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert code.count("llm_batch_job(") == 1 and len(code.splitlines()) <= 20
+    (tmp_path / "readme_dag.py").write_text(code)
+    probe = (
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        f"bag = DagBag(dag_folder={str(tmp_path)!r})\n"
+        "print(bag.import_errors, sorted(bag.dags['classify_products'].task_ids))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    expected = str(sorted(f"classify.{step}" for step in ("chunk", "submit", "wait", "merge")))
+    assert done.stdout.strip().splitlines()[-1] == "{} " + expected, done.stdout + done.stderr[-2000:]

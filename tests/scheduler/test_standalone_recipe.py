@@ -1,6 +1,6 @@
-"""The README's "Running under a real scheduler" recipe, run as written.
+"""The "Running under a real scheduler" recipe of docs/operations.md, run as written.
 
-The ``bash`` block is read from README.md and run by bash in a scratch folder laid out like a
+The ``bash`` block is read from docs/operations.md and run by bash in a scratch folder laid out like a
 checkout (``.venv`` and ``dags`` link to this one), with the venv's ``bin`` taken off ``PATH`` —
 ``airflow standalone`` starts its components as ``airflow`` from the PATH, so the recipe must
 activate the venv itself. Only its two port numbers are swapped for free ones (other helpers'
@@ -41,8 +41,8 @@ RUN_TIMEOUT = 240.0
 
 
 def readme_recipe() -> str:
-    """Return the bash block of the README's "Running under a real scheduler" section."""
-    section = (REPO_ROOT / "README.md").read_text().split("## Running under a real scheduler", 1)[1]
+    """Return the bash block of the "Running under a real scheduler" section of docs/operations.md."""
+    section = (REPO_ROOT / "docs" / "operations.md").read_text().split("## Running under a real scheduler", 1)[1]
     return section.split("```bash\n", 1)[1].split("```", 1)[0]
 
 
@@ -170,7 +170,7 @@ def test_the_readme_standalone_recipe_runs_as_written(recipe: Recipe, tmp_path: 
     assert state == "success", recipe.tail()
     sent_by_schedule = recipe.requests_processed()
     assert 0 < sent_by_schedule < 10_000
-    assert sent_by_schedule == 100  # the README says: the default rows=100
+    assert sent_by_schedule == 100  # the recipe says: the default rows=100
 
     # The user's own small run, triggered through the REST API, into its own output folder.
     out = tmp_path / "triggered-output"
