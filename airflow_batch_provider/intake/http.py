@@ -16,17 +16,23 @@ request                answer meaning
 POST /v1/requests      202    ``{"request_id": ..., "status": "accepted"}``: on the queue
   {"prompt": ...,      400    not a valid request: not JSON (NaN, a lone surrogate), no or
    "request_id"?: ...}        a non-string prompt, a bad id, a field other than these two
+                              (or nested deeper than a flat request ever is)
                        401    no / expired token;  403: invalid token or not allowed
+                       408    the body did not arrive within ``body_timeout_s`` (default 10 s)
                        413    body over ``MAX_BODY_BYTES``, or the message over the 256 KB cap
-                       503    queue deeper than max_depth: ``Retry-After: <s>``, ``retry_after``
+                       503    queue deeper than max_depth: ``Retry-After: <s>``, ``retry_after``;
+                              or no body slot free within ``slot_wait_s`` (``Retry-After: 1``)
 GET /v1/queue          200    ``{"depth", "waiting", "max_depth"}``
 GET /health            200    ``{"ok": true}`` (no auth)
 =====================  =====  ============================================================
 
 Hostile callers: the token is checked from the headers before a byte of the body is read (an
 anonymous caller gets 401 and the connection closed); the body is read in pieces and refused
-with 413 as soon as it passes the cap; at most ``max_bodies`` bodies are read at once. So memory
-stays flat however many large bodies arrive. The body is decoded by the queue's own decoder
+with 413 as soon as it passes the cap; at most ``max_bodies`` bodies are read at once, each within
+``body_timeout_s`` (408 past it), and a request waits longer than that for a slot: so memory stays
+flat however many large bodies arrive, and slow bodies cannot keep other producers out. The
+connection limits (head size and deadline, connections at once) are the server's:
+:mod:`.protocol` and :mod:`.serve`. The body is decoded by the queue's own decoder
 (:meth:`IntakeRequest.decode`): one rule for a message sent here and one put on the queue
 directly. A caller's own ``request_id`` is scoped to the caller (``u<12 hex of the user id>-<id>``,
 the id the answer carries): two callers choosing the same id never overwrite each other's row.
@@ -45,7 +51,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from airflow_batch_provider.intake.errors import MalformedMessageError, QueueFullError
+from airflow_batch_provider.intake.errors import MalformedMessageError, QueueFullError, QueueUnavailableError
 from airflow_batch_provider.intake.messages import (
     MAX_MESSAGE_BYTES,
     REQUEST_ID_PATTERN,
@@ -59,7 +65,10 @@ _bearer = HTTPBearer(auto_error=False)
 #: A body may be larger than the message it becomes (JSON escapes: ``\\u00e9`` is 6 bytes for 2).
 MAX_BODY_BYTES = 2 * MAX_MESSAGE_BYTES
 DEFAULT_MAX_BODIES = 16
-BODY_SLOT_WAIT_S = 10.0
+#: A body must arrive within this (512 KB in 10 s: 51 KB/s); a slot held by a slow body frees by then.
+BODY_TIMEOUT_S = 10.0
+#: Longer than a body may take: a producer waiting behind slow bodies gets the slot their deadline frees.
+BODY_SLOT_WAIT_S = 15.0
 _CLOSE = {"Connection": "close"}  # an answer sent before the body was read: drop the rest of it
 _SCOPE_HEX = 12
 #: Room left for a caller's own id once scoped (``u`` + hex + ``-``; ids are at most 64 characters).
@@ -138,7 +147,12 @@ def parse_submission(body: bytes, user: Any) -> IntakeRequest:
         )
     else:
         data["request_id"] = scoped_request_id(user, own)
-    message = orjson.dumps(data)
+    try:
+        message = orjson.dumps(data)
+    except orjson.JSONEncodeError:  # nested past orjson's 254 levels: no request nests at all
+        raise MalformedMessageError(
+            "the body nests arrays or objects over 254 levels deep; a request is a flat object of strings"
+        ) from None
     # The decoder refuses an oversized message too (as a malformed one, for the queue's dead letters);
     # here it is the caller's to shorten: 413, before the decoder answers 400.
     if len(message) > MAX_MESSAGE_BYTES:
@@ -170,11 +184,13 @@ def create_app(
     authorize: Authorizer,
     max_bodies: int = DEFAULT_MAX_BODIES,
     slot_wait_s: float = BODY_SLOT_WAIT_S,
+    body_timeout_s: float = BODY_TIMEOUT_S,
 ) -> FastAPI:
     """Build the app around one producer; ``authorize(token)`` raises HTTPException or returns the user.
 
     ``max_bodies``: request bodies read at once; a request that finds no slot within
-    ``slot_wait_s`` seconds gets 503 + Retry-After.
+    ``slot_wait_s`` seconds gets 503 + Retry-After; a body not read within ``body_timeout_s``
+    seconds of getting its slot gets 408.
     """
     app = FastAPI(title="LLM batch intake", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.authorize = authorize
@@ -187,7 +203,10 @@ def create_app(
         except TimeoutError:
             raise HTTPException(503, "too many requests at once", headers={"Retry-After": "1", **_CLOSE}) from None
         try:
-            body = await read_body(request)
+            body = await asyncio.wait_for(read_body(request), body_timeout_s)
+        except TimeoutError:
+            detail = f"the body did not arrive within {body_timeout_s:g} s; send it again"
+            raise HTTPException(408, detail, headers=_CLOSE) from None
         finally:
             slots.release()
         try:
@@ -202,6 +221,8 @@ def create_app(
                 status_code=503,
                 headers={"Retry-After": str(exc.retry_after)},
             )
+        except QueueUnavailableError as exc:  # the broker is down: the producer sends the same request later
+            raise HTTPException(503, str(exc), headers={"Retry-After": str(exc.retry_after)}) from None
         return {"request_id": request_id, "status": "accepted"}
 
     @app.get("/v1/queue")

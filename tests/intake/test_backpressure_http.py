@@ -75,3 +75,36 @@ def test_endpoint_rejects_bad_requests_and_bad_credentials(queue, auth_env):
     assert client.post("/v1/requests", json={"prompt": "  "}, headers=user).status_code == 400
     assert client.get("/health").json() == {"ok": True}
     assert queue.stats().depth == 0
+
+
+def test_a_body_slot_not_free_within_the_wait_gets_503_and_a_slow_body_408(queue):
+    """The app's own bounds, in process: one body at a time; a request waiting past ``slot_wait_s`` gets
+    503 + Retry-After, and the body holding the slot is cut at ``body_timeout_s`` with 408 (issue 38 item 7)."""
+    import asyncio
+
+    import httpx
+
+    async def allow(token: str | None) -> str:  # who may send is tested above; here only the bounds
+        return "alice"
+
+    async def slow_body():
+        yield b'{"prompt": '
+        await asyncio.sleep(30)
+        yield b'"p"}'
+
+    async def run() -> tuple[httpx.Response, httpx.Response, httpx.Response]:
+        app = create_app(BatchQueueProducer(queue), allow, max_bodies=1, slot_wait_s=0.3, body_timeout_s=1.0)
+        auth = {"Authorization": "Bearer t"}
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://intake") as client:
+            holder = asyncio.create_task(client.post("/v1/requests", content=slow_body(), headers=auth))
+            await asyncio.sleep(0.1)
+            waiting = await client.post("/v1/requests", json={"prompt": "p"}, headers=auth)
+            held = await holder
+            after = await client.post("/v1/requests", json={"prompt": "p"}, headers=auth)
+        return waiting, held, after
+
+    waiting, held, after = asyncio.run(run())
+    assert (waiting.status_code, waiting.headers["Retry-After"]) == (503, "1")
+    assert held.status_code == 408 and "did not arrive within 1 s" in held.json()["detail"]
+    assert held.headers["connection"] == "close"
+    assert after.status_code == 202  # the slot was given back

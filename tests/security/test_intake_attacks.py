@@ -9,6 +9,9 @@ served its OpenAPI schema without a token.
 
 from __future__ import annotations
 
+import contextlib
+import select
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -29,11 +32,14 @@ pytestmark = [pytest.mark.security, pytest.mark.timeout(600)]
 MB = 1 << 20
 #: Memory the server may gain while the six anonymous bodies arrive (the issue's bound: flat, ± 50 MB).
 RSS_BOUND = 50 * MB
+MAX_CONNECTIONS = 12
 
 
 @pytest.fixture(scope="module")
 def intake(tmp_path_factory: pytest.TempPathFactory) -> Iterator[IntakeServer]:
-    server = start_intake(tmp_path_factory.mktemp("intake"), "--max-bodies", "2", "--body-slot-wait", "1")
+    limits = {"--max-bodies": 2, "--body-timeout": 2, "--body-slot-wait": 4, "--head-timeout": 2,
+              "--max-connections": MAX_CONNECTIONS}  # fmt: skip
+    server = start_intake(tmp_path_factory.mktemp("intake"), *(str(x) for item in limits.items() for x in item))
     try:
         yield server
     finally:
@@ -94,28 +100,104 @@ def test_a_body_over_the_cap_gets_413_while_it_streams(intake: IntakeServer) -> 
     assert big_prompt.status_code == 413 and "byte cap" in big_prompt.json()["detail"]
 
 
-def test_concurrent_bodies_are_bounded(intake: IntakeServer) -> None:
-    """With --max-bodies 2, a third body arriving while two are read waits, then gets 503 + Retry-After."""
-    import socket
+def _slow_body(port: int, auth: str) -> socket.socket:
+    """Open a request whose body (1,000 bytes declared) stops after its first byte."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = f"POST /v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nContent-Length: 1000\r\n\r\n{{"
+    sock.sendall(head.encode())
+    return sock
 
+
+def _answer(sock: socket.socket) -> str:
+    """Read what the server says before it closes (the status line first)."""
+    answer = b""
+    with contextlib.suppress(OSError):
+        while more := sock.recv(65536):
+            answer += more
+    sock.close()
+    return answer.decode("latin-1")
+
+
+def test_slow_bodies_get_408_and_do_not_starve_other_producers(intake: IntakeServer) -> None:
+    """Issue 38 item 7: bodies that never finish held every slot for ever and others got 503.
+
+    With --max-bodies 2, two slow bodies hold both slots: a third request waits (bodies read at
+    once stay bounded), the slow ones are cut at --body-timeout (2 s) with 408, and the waiting
+    producer then gets its slot and a 202 (it waits up to --body-slot-wait 4 s).
+    """
     user = intake.token("alice")
-    holders = []
-    for _ in range(2):  # two bodies that never finish: each holds a slot
-        sock = socket.create_connection(("127.0.0.1", intake.port), timeout=30)
-        auth = user["Authorization"]
-        sock.sendall(
-            f"POST /v1/requests HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nContent-Length: 1000\r\n\r\n{{".encode()
-        )
-        holders.append(sock)
-    time.sleep(0.5)
+    holders = [_slow_body(intake.port, user["Authorization"]) for _ in range(2)]
+    time.sleep(0.3)
+    started = time.monotonic()
+    third = httpx.post(f"{intake.url}/v1/requests", json={"prompt": "p"}, headers=user, timeout=30)
+    waited = time.monotonic() - started
+    answers = [_answer(sock) for sock in holders]
+    assert third.status_code == 202, third.text
+    assert waited > 1.0  # it waited for a slot: no third body was read beside the two
+    assert all(a.startswith("HTTP/1.1 408 ") and "connection: close" in a.lower() for a in answers), answers
+    assert "did not arrive within 2 s" in answers[0]
+
+
+def test_a_connection_without_a_request_head_is_closed_with_408(intake: IntakeServer) -> None:
+    """Nothing sent, or the head a line at a time (slowloris): closed at --head-timeout (2 s), activity or not."""
+    silent = socket.create_connection(("127.0.0.1", intake.port), timeout=30)
+    slow = socket.create_connection(("127.0.0.1", intake.port), timeout=30)
+    started = time.monotonic()
+    slow.sendall(b"POST /v1/requests HTTP/1.1\r\nHost: x\r\n")
+    with contextlib.suppress(OSError):
+        for number in range(40):  # 12 s of headers at most
+            if select.select([slow], [], [], 0.3)[0]:
+                break
+            slow.sendall(f"X-Slow-{number}: y\r\n".encode())
+    answers = [_answer(slow), _answer(silent)]
+    assert time.monotonic() - started < 6
+    assert all(a.startswith("HTTP/1.1 408 ") for a in answers), answers
+
+
+def test_an_oversized_head_gets_431_before_it_is_buffered(intake: IntakeServer) -> None:
+    """An anonymous 64 MB header (was held whole, then answered 401): refused at the 16 KB cap, memory flat."""
+    baseline = _rss(intake.process.pid)
+    sock = socket.create_connection(("127.0.0.1", intake.port), timeout=30)
+    sock.sendall(b"POST /v1/requests HTTP/1.1\r\nHost: x\r\nX-Big: ")
+    piece, sent = b"a" * 65536, 0
+    with contextlib.suppress(OSError):
+        while sent < 64 * MB and not select.select([sock], [], [], 0)[0]:
+            sock.sendall(piece)
+            sent += len(piece)
+    answer = _answer(sock)
+    assert answer.startswith("HTTP/1.1 431 "), answer[:200]
+    assert sent < 8 * MB  # refused as it passed the cap, not after taking it all in
+    assert _rss(intake.process.pid) - baseline < RSS_BOUND
+
+
+def test_connections_past_the_cap_get_503_and_idle_ones_are_closed(intake: IntakeServer) -> None:
+    """--max-connections 12: with 11 idle connections open a request gets uvicorn's 503; 2 s later they are gone."""
+    user = intake.token("alice")
+    idle = [socket.create_connection(("127.0.0.1", intake.port), timeout=30) for _ in range(MAX_CONNECTIONS - 1)]
     try:
-        third = httpx.post(f"{intake.url}/v1/requests", json={"prompt": "p"}, headers=user, timeout=30)
-        assert third.status_code == 503 and third.headers["Retry-After"] == "1"
+        time.sleep(0.3)
+        over = httpx.post(f"{intake.url}/v1/requests", json={"prompt": "p"}, headers=user, timeout=30)
+        assert over.status_code == 503, over.text
+        closed = [_answer(sock) for sock in idle]  # each read returns once the server closes it
+        assert all(a.startswith("HTTP/1.1 408 ") for a in closed)
     finally:
-        for sock in holders:
+        for sock in idle:
             sock.close()
-    time.sleep(0.5)
     assert httpx.post(f"{intake.url}/v1/requests", json={"prompt": "p"}, headers=user, timeout=30).status_code == 202
+
+
+@pytest.mark.parametrize("depth", [254, 600, 1023, 1024, 5000])
+def test_deeply_nested_json_gets_400(intake: IntakeServer, depth: int) -> None:
+    """Nested 254-1023 levels answered 500 (orjson reads 1,023 levels, writes 254): now 400 at every depth."""
+    body = b'{"prompt": "p", "extra": ' + b"[" * depth + b"]" * depth + b"}"
+    answer = httpx.post(
+        f"{intake.url}/v1/requests",
+        content=body,
+        headers={**intake.token("alice"), "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert answer.status_code == 400, answer.text
+    assert "levels deep" in answer.json()["detail"] or "not valid JSON" in answer.json()["detail"]
 
 
 @pytest.mark.parametrize(
