@@ -9,8 +9,8 @@ by the batch its checkpoint names, and logs an ``ALERT`` line (and counts
 
 The command reads checkpoints from the metadata DB, which Airflow 3 tasks may not open in process,
 so it runs as a subprocess (the worker's Airflow configuration names the DB). By default it checks
-every provider and connection the checkpoints name; set ``BATCH_RECONCILE_ARGS`` (e.g. ``--provider
-openai --conn-id openai=openai_prod``) to choose backends and connections instead.
+every backend the checkpoints name, through its default connection only; set ``BATCH_RECONCILE_ARGS``
+(e.g. ``--conn-id openai=openai_prod``, repeatable) to name the connections it may use instead.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import pytest
 from airflow_batch_provider import metrics as metrics_module
 from airflow_batch_provider.backends.openai.hook import OpenAIBatchHook
 from airflow_batch_provider.jobs.__main__ import main
-from airflow_batch_provider.jobs.reconcile import Submission, served_keys, submissions
+from airflow_batch_provider.jobs.checkpoints import Submission, claimed_batches, served_keys, submissions
 from tests.backends.gemini.conftest import gemini_conn  # noqa: F401  (the fixture)
 from tests.conftest import wait_terminal
 from tests.support import write_chunk
@@ -36,11 +36,12 @@ def database(tmp_path):
     TaskStateStoreModel.__table__.create(engine)
     rows = iter(range(1, 1000))
 
-    def add(key: str, value: object, map_index: int = 0) -> None:
+    def add(key: str, value: object, map_index: int = 0, *, text: str | None = None) -> None:
+        """Store ``value`` as JSON (or ``text`` as it is: a row no JSON encoder would write)."""
         with Session(engine) as session, session.begin():
             session.add(TaskStateStoreModel(id=next(rows), dag_run_id=1, task_id="submit", map_index=map_index,
-                                            key=key, dag_id="nightly", run_id="r1", value=json.dumps(value),
-                                            updated_at=datetime.now(UTC)))  # fmt: skip
+                                            key=key, dag_id="nightly", run_id="r1", updated_at=datetime.now(UTC),
+                                            value=json.dumps(value) if text is None else text))  # fmt: skip
 
     return url, add
 
@@ -108,7 +109,7 @@ def test_served_keys_takes_only_well_formed_checkpoint_records():
     assert served_keys(rows) == {"k1": "b1", "k2": "b2"}
     hostile = [("batch_submission", json.dumps({"idempotency_key": "k5", "batch_id": "b5", "num_requests": "9",
                                                 "unsure_since": True, "usd_per_request": -1}))]  # fmt: skip
-    assert submissions(hostile) == [Submission("k5", "b5")]  # ill-typed fields are dropped, not trusted
+    assert submissions(hostile) == []  # a row with an ill-typed field is skipped whole (and reported), not trusted
     full = {"idempotency_key": "k6", "batch_id": "b6", "provider": "anthropic", "conn_id": "claude_prod",
             "num_requests": 4, "unsure_since": 100.0, "intent_at": 90.0, "usd_per_request": 0.01}  # fmt: skip
     assert submissions([("batch_submission", json.dumps(full))]) == [
@@ -233,6 +234,13 @@ def test_a_late_anthropic_create_after_an_unsure_one_is_cancelled_with_its_cost(
         )
         == []
     )  # fmt: skip  (a create of that size in flight)
+    bad = [
+        ("batch_submission", json.dumps({"batch_id": late, "num_requests": 4}))
+    ]  # no key: skipped, yet it names late
+    assert claimed_batches(bad) == {late}
+    assert reconcile_unkeyed(anthropic_hook, submissions(rows), since=0.0, claimed=claimed_batches(bad),
+                             metrics=metrics_module.BatchMetrics(provider="anthropic", model="any",
+                                                                 stats=InMemoryStats())) == []  # fmt: skip
     found = reconcile_unkeyed(anthropic_hook, submissions(rows), since=0.0, metrics=metrics_module.BatchMetrics(
         provider="anthropic", model="any", stats=stats))  # fmt: skip
     assert [(d.batch_id, d.served_by, d.cancelled) for d in found] == [(late, served, True)]
@@ -256,3 +264,97 @@ def test_a_connection_only_old_checkpoints_name_is_skipped_with_a_warning(anthro
     assert any("'openai_batch_default' of provider openai does not exist" in r.getMessage() for r in caplog.records)
     with pytest.raises(Exception, match="openai_batch_default"):  # asked for by name: the error stands
         main(["reconcile", "--since", "1h", "--database", url, "--provider", "openai"])
+
+
+def test_hostile_rows_are_skipped_with_a_warning_and_the_rest_is_reconciled(
+    openai_conn, tmp_path, database, monkeypatch, capsys, caplog
+):
+    """Issue 38 item 8: one hostile row stopped the job for every DAG; a row could pick the connection listed.
+
+    Each bad row is one warning naming its DAG, run and chunk and what is wrong; a row naming a
+    connection the job is not configured for is skipped and reported, and that connection is never used.
+    """
+    from airflow_batch_provider.hooks import registry
+
+    monkeypatch.setenv("AIRFLOW_CONN_OPENAI_ELSEWHERE", json.dumps({"conn_type": "openai_batch",
+                       "host": openai_conn.openai_base_url, "password": "another-key"}))  # fmt: skip
+    built: list[tuple[str, str | None]] = []
+    real = registry.get_batch_hook
+    monkeypatch.setattr(registry, "get_batch_hook", lambda p, c=None, **kw: built.append((p, c)) or real(p, c, **kw))
+    openai_conn.set_faults(slow=60.0)
+    url, add = database
+    chunk = write_chunk(tmp_path, [{"custom_id": "a", "text": "x"}])
+    hook = OpenAIBatchHook()
+    file_id = hook.upload_file(chunk["requests_path"])
+    kept, late = _batch(hook, file_id, chunk, "key-a"), _batch(hook, file_id, chunk, "key-a")
+    add("batch_submission", {"idempotency_key": "key-a", "batch_id": kept, "provider": "openai",
+                             "conn_id": "openai_batch_default"})  # fmt: skip
+    hostile = {
+        1: '{"idempotency_key": "k1", "batch_id": "b1", "num_requests": 1e999}',
+        2: json.dumps({"idempotency_key": "k2", "batch_id": "b2", "provider": "../../evil"}),
+        3: json.dumps({"idempotency_key": "k3", "batch_id": "b3", "provider": "openai", "conn_id": "anthropic_batch_default"}),
+        4: json.dumps({"idempotency_key": "k4", "batch_id": "b4", "provider": "openai", "conn_id": "openai_elsewhere"}),
+        5: "[" * 5000 + "]" * 5000,
+    }  # fmt: skip
+    for index, text in hostile.items():
+        add("batch_submission", None, map_index=index, text=text)
+    with caplog.at_level(logging.WARNING, logger="airflow_batch_provider.jobs.checkpoints"):
+        assert main(["reconcile", "--since", "1h", "--database", url]) == 0
+    assert f"ALERT late duplicate openai batch {late}" in capsys.readouterr().out
+    assert wait_terminal(hook, late).status.value == "cancelled"
+    assert built == [("openai", "openai_batch_default")]  # the row naming openai_elsewhere chose nothing
+    warnings = [r.getMessage() for r in caplog.records if r.name.endswith("checkpoints")]
+    assert len(warnings) == len(hostile), warnings
+    for index, reason in [(1, "num_requests inf is not a whole number"), (2, "provider '../../evil' is not a batch"),
+                          (3, "connection 'anthropic_batch_default' is not one this job checks for openai"),
+                          (4, "--conn-id openai=openai_elsewhere"), (5, "its value is not JSON")]:  # fmt: skip
+        where = f"the checkpoint of DAG 'nightly', run 'r1', task 'submit', chunk {index}"
+        assert any(where in w and reason in w for w in warnings), (index, warnings)
+
+
+def test_a_connection_given_with_conn_id_is_checked(openai_conn, database, monkeypatch):
+    """--conn-id PROVIDER=CONN_ID (repeatable) names the connections the job may use; each is checked."""
+    from airflow_batch_provider.jobs import reconcile as reconcile_module
+
+    monkeypatch.setenv("AIRFLOW_CONN_OPENAI_ELSEWHERE", json.dumps({"conn_type": "openai_batch",
+                       "host": openai_conn.openai_base_url, "password": "another-key"}))  # fmt: skip
+    url, add = database
+    add("batch_submission", {"idempotency_key": "k4", "batch_id": "b4", "provider": "openai",
+                             "conn_id": "openai_elsewhere"})  # fmt: skip
+    seen: list[tuple[str, str, list[str]]] = []
+    monkeypatch.setattr(reconcile_module, "reconcile",
+                        lambda hook, records, **_: seen.append((hook.provider, hook.conn_id,
+                                                                [r.key for r in records])) or [])  # fmt: skip
+    argv = ["reconcile", "--since", "1h", "--database", url]
+    assert main([*argv, "--conn-id", "openai=openai_batch_default", "--conn-id", "openai=openai_elsewhere"]) == 0
+    assert seen == [("openai", "openai_elsewhere", ["k4"])]  # the checkpoints name only that one
+    seen.clear()
+    assert main([*argv, "--provider", "openai", "--conn-id", "openai=openai_elsewhere"]) == 0
+    assert seen == [("openai", "openai_elsewhere", ["k4"])]
+    assert main([*argv, "--provider", "../../evil"]) == 2
+
+
+def test_a_row_of_a_backend_whose_sdk_is_missing_is_skipped(openai_conn, database, monkeypatch, caplog):
+    """A row naming a registered backend whose SDK this deployment lacks is reported; the others still run.
+
+    The missing SDK is simulated (the test environment has every SDK): ``hook_class_for`` raises for
+    ``bedrock`` what it raises when boto3 is absent.
+    """
+    from airflow.sdk.exceptions import AirflowOptionalProviderFeatureException
+
+    from airflow_batch_provider.hooks import registry
+
+    real = registry.hook_class_for
+
+    def without_boto3(provider: str):
+        if provider == "bedrock":
+            raise AirflowOptionalProviderFeatureException("install airflow-batch-provider[bedrock]")
+        return real(provider)
+
+    monkeypatch.setattr(registry, "hook_class_for", without_boto3)
+    url, add = database
+    add("batch_submission", {"idempotency_key": "k1", "batch_id": "b1", "provider": "bedrock"})
+    add("batch_submission", {"idempotency_key": "k2", "batch_id": "b2", "provider": "openai"}, map_index=1)
+    with caplog.at_level(logging.WARNING):
+        assert main(["reconcile", "--since", "1h", "--database", url]) == 0
+    assert any("chunk 0: provider bedrock cannot be loaded here" in r.getMessage() for r in caplog.records)

@@ -6,7 +6,7 @@ landed after their runs (see :mod:`airflow_batch_provider.jobs.reconcile`).
 Merged job folders (``merged.json``) go once their merge is older than ``--older-than``; unmerged
 ones are treated as running and kept, unless ``--include-unmerged`` and nothing in them changed
 for that long. ``--dry-run`` prints the decisions without removing anything. The root defaults to
-the ChunkOperator's default work folder (``$AIRFLOW_BATCH_WORK_DIR``, else
+the ChunkOperator's default work folder (``[llm_batch] work_dir``, default
 ``$AIRFLOW_HOME/batch_jobs``). See docs/retention.md.
 """
 
@@ -21,7 +21,7 @@ from airflow_batch_provider.jobs.retention import collect, parse_age
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; return the exit code (2 for bad arguments)."""
-    from airflow_batch_provider.job_folder import default_work_dir
+    from airflow_batch_provider import settings
 
     parser = argparse.ArgumentParser(prog="python -m airflow_batch_provider.jobs", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="backend to check (repeatable; default: every provider and connection the checkpoints name)",
     )
-    rec.add_argument("--conn-id", action="append", default=[], help="PROVIDER=CONN_ID (default: the hook's own)")
+    rec.add_argument("--conn-id", action="append", default=[],
+                     help="PROVIDER=CONN_ID: a connection to check (repeatable; default: each provider's default "
+                          "connection). Checkpoints naming any other connection are skipped and reported")  # fmt: skip
     rec.add_argument("--database", default=None, help="SQLAlchemy URL of the metadata DB (default: Airflow's)")
     rec.add_argument("--dry-run", action="store_true", help="report duplicates; cancel nothing")
     args = parser.parse_args(argv)
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return _reconcile(args)
     try:
         decisions = collect(
-            args.root or default_work_dir(),
+            args.root or settings.work_dir(),
             parse_age(args.older_than),
             include_unmerged=args.include_unmerged,
             dry_run=args.dry_run,
@@ -70,14 +72,17 @@ def _reconcile(args: argparse.Namespace) -> int:
 
     try:
         since = parse_age(args.since)
-        conn_ids = dict(item.split("=", 1) for item in args.conn_id if "=" in item)
-        if len(conn_ids) != len(args.conn_id):
-            raise InvalidInputError(f"--conn-id {args.conn_id}: write PROVIDER=CONN_ID, e.g. openai=openai_prod.")
-    except InvalidInputError as error:
+        conn_ids: dict[str, list[str]] = {}
+        for item in args.conn_id:
+            provider, _, conn_id = item.partition("=")
+            if not provider or not conn_id:
+                raise InvalidInputError(f"--conn-id {item!r}: write PROVIDER=CONN_ID, e.g. openai=openai_prod.")
+            conn_ids.setdefault(provider, []).append(conn_id)
+        found = run(args.provider, since_seconds=since, conn_ids=conn_ids, database=args.database,
+                    dry_run=args.dry_run)  # fmt: skip
+    except InvalidInputError as error:  # a bad argument, or an unknown --provider
         print(f"error: {error}", file=sys.stderr)
         return 2
-    found = run(args.provider, since_seconds=since, conn_ids=conn_ids, database=args.database,
-                dry_run=args.dry_run)  # fmt: skip
     for duplicate in found:
         print(duplicate.line())
     cancelled = sum(d.cancelled for d in found)

@@ -10,7 +10,9 @@ batch with that key. Each duplicate is an ``ALERT`` log line saying what it cost
 had run are billed), and counts in ``llm_batch.late_duplicate_batches`` (alert on any) and
 ``llm_batch.duplicate_batches_cancelled``. A duplicate that already ended cannot be cancelled:
 it is reported all the same. A key with no checkpoint (the run's store was cleared) is left
-alone: nothing says which of its batches is the one a run used.
+alone: nothing says which of its batches is the one a run used. It calls only the connections it
+is configured for (each provider's default one, or those given with ``--conn-id``): a checkpoint
+row naming another, or malformed, is skipped with a warning (:mod:`.checkpoints`).
 
 Backends: those whose hook lists batches by key
 (:meth:`~airflow_batch_provider.hooks.base.BatchHook.iter_keyed_batches`; OpenAI and Gemini) match
@@ -26,74 +28,35 @@ The DAG ``batch_maintenance`` runs it hourly.
 
 from __future__ import annotations
 
-import json
+import functools
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowNotFoundException, AirflowOptionalProviderFeatureException
 
 from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.base import BatchHook
+from airflow_batch_provider.jobs.checkpoints import (
+    Submission,
+    checkpoint_rows,
+    claimed_batches,
+    configured,
+    submissions,
+)
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.status import BatchState, BatchStatus
 
 log = logging.getLogger(__name__)
 
-#: Checkpoint keys whose records name a key's batch: the submit's, and the sensor's follow-ups.
-SUBMIT_CHECKPOINT = "batch_submission"
-FOLLOW_UP_PREFIX = "batch_wait."
 #: Allowed clock difference between the worker that recorded a time and the provider that stamps a batch.
 CLOCK_SKEW_S = 120.0
 #: An intent with no batch yet younger than this may be a create still on its way: its size is left alone.
 IN_FLIGHT_S = 3600.0
 UNSURE = "no checkpoint names it; it has the size of a create whose outcome was unknown, made after it, whose chunk is"
 _DEAD = frozenset({BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.CANCELLING})
-
-
-@dataclass(frozen=True)
-class Submission:
-    """One checkpoint record: the batch that serves a chunk's key, and what matching a stray batch needs."""
-
-    key: str
-    batch_id: str | None
-    provider: str | None = None
-    num_requests: int | None = None
-    unsure_since: float | None = None  # an earlier create's outcome was unknown from this time on
-    intent_at: float | None = None
-    conn_id: str | None = None  # the connection the batch was created through
-    usd_per_request: float | None = None  # the chunk's expected price per request
-
-    @classmethod
-    def parse(cls, value: str | None) -> Submission | None:
-        """Read one stored record; anything malformed (hostile input like any stored value) is None."""
-        try:
-            record = json.loads(value or "")
-        except (TypeError, ValueError):
-            return None
-        if not isinstance(record, dict) or not _text(record.get("idempotency_key")):
-            return None
-        return cls(
-            key=record["idempotency_key"],
-            batch_id=_text(record.get("batch_id")),
-            provider=_text(record.get("provider")),
-            num_requests=_number(record.get("num_requests"), int),
-            unsure_since=_number(record.get("unsure_since"), float),
-            intent_at=_number(record.get("intent_at"), float),
-            conn_id=_text(record.get("conn_id")),
-            usd_per_request=_number(record.get("usd_per_request"), float),
-        )
-
-
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
-
-
-def _number(value: Any, kind: type) -> Any:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
-    return kind(value) if ok else None
 
 
 @dataclass(frozen=True)
@@ -128,39 +91,6 @@ class Duplicate:
         )
 
 
-def submissions(rows: Iterable[tuple[str, str | None]]) -> list[Submission]:
-    """Return the submission records among checkpoint rows ``(store key, JSON value)``."""
-    found = (Submission.parse(value) for name, value in rows if _is_submission(name))
-    return [record for record in found if record is not None]
-
-
-def _is_submission(name: str) -> bool:
-    return name == SUBMIT_CHECKPOINT or name.startswith(FOLLOW_UP_PREFIX)
-
-
-def served_keys(rows: Iterable[tuple[str, str | None]]) -> dict[str, str]:
-    """Return ``idempotency key -> batch id`` from checkpoint rows (records with no batch yet are left out)."""
-    return {record.key: record.batch_id for record in submissions(rows) if record.batch_id}
-
-
-def checkpoint_rows(database: str | None = None) -> list[tuple[str, str | None]]:
-    """Read the checkpoint rows from Airflow's metadata DB (or the SQLAlchemy URL ``database``)."""
-    from airflow.models.task_state_store import TaskStateStoreModel
-    from sqlalchemy import create_engine, or_, select
-    from sqlalchemy.orm import Session
-
-    query = select(TaskStateStoreModel.key, TaskStateStoreModel.value).where(
-        or_(TaskStateStoreModel.key == SUBMIT_CHECKPOINT, TaskStateStoreModel.key.like(f"{FOLLOW_UP_PREFIX}%"))
-    )
-    if database:
-        with Session(create_engine(database)) as session:
-            return [(str(k), v) for k, v in session.execute(query)]
-    from airflow.utils.session import create_session
-
-    with create_session() as session:
-        return [(str(k), v) for k, v in session.execute(query)]
-
-
 def reconcile(
     hook: BatchHook,
     records: Iterable[Submission],
@@ -188,15 +118,17 @@ def reconcile_unkeyed(
     since: float,
     dry_run: bool = False,
     metrics: BatchMetrics | None = None,
+    claimed: Iterable[str] = (),
 ) -> list[Duplicate]:
     """Find the late duplicates among batches that carry no key (Anthropic); cancel the live ones; return all.
 
     A live batch is one when no record names it and it matches an unsure create (see the module
     docstring). An ended batch is one when its first result's custom id is among the rows of a
     served batch of its size (custom ids are row ids): reported, as it cannot be cancelled.
+    ``claimed``: more batch ids that are never strays (those of checkpoint rows skipped as bad).
     """
     records = list(records)
-    claimed = {record.batch_id for record in records if record.batch_id}
+    claimed = {*claimed, *(record.batch_id for record in records if record.batch_id)}
     mine = [record for record in records if record.provider in (None, hook.provider)]
     recent = time.time() - IN_FLIGHT_S
     in_flight = {r.num_requests for r in mine if not r.batch_id and (r.intent_at or 0) > recent}
@@ -264,43 +196,77 @@ def _count(hook: BatchHook, found: list[Duplicate], metrics: BatchMetrics | None
 
 
 def run(
-    providers: Iterable[str] | None,
+    providers: Sequence[str] | None,
     *,
     since_seconds: float,
-    conn_ids: Mapping[str, str] | None = None,
+    conn_ids: Mapping[str, Sequence[str]] | None = None,
     database: str | None = None,
     dry_run: bool = False,
 ) -> list[Duplicate]:
-    """Reconcile each ``(provider, connection)`` against the checkpoints; return the duplicates found.
+    """Reconcile each configured ``(provider, connection)`` against the checkpoints; return the duplicates found.
 
-    ``providers`` None: every provider and connection the checkpoints name (each intent records
-    both), so one hourly run covers whatever this deployment submitted to; ``conn_ids`` overrides a
-    provider's connection.
+    A provider's connections are those ``conn_ids`` lists for it, else its default one.
+    ``providers`` None: each batch backend the checkpoints name, so one hourly run covers whatever
+    this deployment submitted to. A checkpoint row that is malformed, or names another provider or
+    connection, is skipped with a warning (:mod:`.checkpoints`): a stored row never chooses what
+    this job calls.
     """
+    from airflow_batch_provider.backends.registry import backend_names
     from airflow_batch_provider.hooks.registry import get_batch_hook
 
-    records = submissions(checkpoint_rows(database))
-    since = time.time() - since_seconds
-    targets = {(name, None) for name in providers} if providers is not None else _used_connections(records)
+    conn_ids = conn_ids or {}
+    default_conn = _default_connections(strict=providers is not None)
+    rows = checkpoint_rows(database)
+    records = submissions(rows, backend_names())
+    if providers is not None:
+        records = [record for record in records if record.provider_name in providers]
+    records = configured(records, default_conn, conn_ids)
+
+    def target(record: Submission) -> tuple[str, str]:
+        return record.provider_name, str(record.conn_id or default_conn(record.provider_name))
+
+    if providers is None:
+        targets = {target(record) for record in records}
+    else:
+        targets = {(name, conn) for name in providers for conn in conn_ids.get(name) or [str(default_conn(name))]}
+    claimed, since = claimed_batches(rows), time.time() - since_seconds
     found: list[Duplicate] = []
-    for provider, conn_id in sorted(targets, key=str):
-        hook: Any = get_batch_hook(provider, (conn_ids or {}).get(provider) or conn_id)
-        match = reconcile if hook.exact_reconcile else reconcile_unkeyed
-        try:
-            found += match(hook, records, since=since, dry_run=dry_run)
-        except (AirflowNotFoundException, ProviderCallError) as error:
-            missing = isinstance(error, AirflowNotFoundException) or isinstance(
-                error.__cause__, AirflowNotFoundException
-            )
-            if providers is not None or not missing:  # asked for by name: a missing connection is the caller's error
-                raise
-            # Named only by old checkpoints (a connection since removed, or a record from before intents
-            # named their provider): say so, and check the others.
-            log.warning("connection %r of provider %s does not exist: its batches were not checked", hook.conn_id,
-                        provider)  # fmt: skip
+    for provider, conn_id in sorted(targets):
+        mine = [record for record in records if target(record) == (provider, conn_id)]
+        hook = get_batch_hook(provider, conn_id)
+        found += _reconcile_one(hook, mine, since, dry_run, claimed, asked=providers is not None)
     return found
 
 
-def _used_connections(records: Iterable[Submission]) -> set[tuple[str, str | None]]:
-    """The ``(provider, conn_id)`` pairs the checkpoints name; a record from before they did counts as OpenAI's."""
-    return {(record.provider or "openai", record.conn_id) for record in records}
+def _default_connections(*, strict: bool) -> Callable[[str], str | None]:
+    """Return ``provider -> its hook's default connection`` (None: its SDK is not installed, unless ``strict``)."""
+    from airflow_batch_provider.hooks.registry import hook_class_for
+
+    @functools.cache
+    def default_conn(provider: str) -> str | None:
+        try:
+            return str(hook_class_for(provider).default_conn_name)
+        except AirflowOptionalProviderFeatureException:
+            if strict:  # asked for by name: the caller's to fix
+                raise
+            return None  # its rows are skipped and reported
+
+    return default_conn
+
+
+def _reconcile_one(
+    hook: Any, records: list[Submission], since: float, dry_run: bool, claimed: set[str], *, asked: bool
+) -> list[Duplicate]:
+    """Reconcile one connection; a missing one only old checkpoints name is reported and skipped (unless ``asked``)."""
+    try:
+        if hook.exact_reconcile:
+            return reconcile(hook, records, since=since, dry_run=dry_run)
+        return reconcile_unkeyed(hook, records, since=since, dry_run=dry_run, claimed=claimed)
+    except (AirflowNotFoundException, ProviderCallError) as error:
+        missing = isinstance(error, AirflowNotFoundException) or isinstance(error.__cause__, AirflowNotFoundException)
+        if asked or not missing:  # asked for by name: a missing connection is the caller's error
+            raise
+        # Named only by old checkpoints (a connection since removed): say so, and check the others.
+        log.warning("connection %r of provider %s does not exist: its batches were not checked", hook.conn_id,
+                    hook.provider)  # fmt: skip
+        return []
