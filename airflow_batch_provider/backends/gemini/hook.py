@@ -32,6 +32,7 @@ from airflow_batch_provider.backends.gemini import GEMINI_LIMITS
 from airflow_batch_provider.backends.gemini.limits import API_VERSION, PROVIDER
 from airflow_batch_provider.backends.gemini.results import parse_gemini_line
 from airflow_batch_provider.backends.gemini.states import (
+    DEAD,
     classify_gemini_error,
     state_from_gemini,
     with_operation,
@@ -219,9 +220,15 @@ class GeminiBatchHook(BatchHook):
         return batch_id
 
     def _landed(self, key: str | None) -> str | None:
-        """Return the name of a live batch whose display name carries ``key`` (None: resend the create)."""
-        live = [job for job in self.find_batches(f"[{key}]") if not state_from_gemini(job).status.is_terminal]
-        return str(live[-1].name) if key and live else None
+        """Return the name of a batch whose display name carries ``key`` (None: resend the create).
+
+        A batch that already succeeded is the chunk's own too (it may finish within the retry
+        wait): only a failed, expired or cancelled one is not adopted, as OpenAI's hook does.
+        """
+        if not key:
+            return None
+        mine = [job for job in self.find_batches(f"[{key}]") if state_from_gemini(job).status not in DEAD]
+        return str(mine[-1].name) if mine else None
 
     def find_batches(self, suffix: str, *, max_pages: int = 10) -> list[Any]:
         """Return recent SDK batch jobs whose display name ends in ``suffix``, newest first."""

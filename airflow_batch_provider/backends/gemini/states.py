@@ -23,6 +23,8 @@ STATE_MAP: dict[str, BatchStatus] = {
     "JOB_STATE_SUCCEEDED": BatchStatus.COMPLETED,
     "JOB_STATE_FAILED": BatchStatus.FAILED,
     "JOB_STATE_CANCELLING": BatchStatus.CANCELLING,
+    # A cancel under way: the SDK has no JOB_STATE_ for this wire state and passes it through as is.
+    "BATCH_STATE_CANCELLING": BatchStatus.CANCELLING,
     "JOB_STATE_CANCELLED": BatchStatus.CANCELLED,
     "JOB_STATE_EXPIRED": BatchStatus.EXPIRED,
 }
@@ -45,6 +47,10 @@ def map_gemini_state(state: Any, batch_id: str) -> BatchStatus:
             f"Gemini batch {batch_id} reports state {name!r}, which this provider does not know "
             f"(known: {sorted(STATE_MAP)}). Upgrade airflow-batch-provider or report it."
         ) from None
+
+
+#: A batch in one of these will never answer: not one a lost create could be adopted as.
+DEAD = frozenset({BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED, BatchStatus.CANCELLING})
 
 
 def _epoch(value: Any) -> float | None:

@@ -185,3 +185,40 @@ def test_a_create_whose_answer_is_lost_is_looked_up_not_sent_again(gemini_hook, 
     batch_id = gemini_hook.create_batch(chunk, input_file_id=file_id, metadata=_meta("key-lost"))
     assert list(gemini_conn.gemini.runner.jobs) == [batch_id]
     assert gemini_conn.stats()["http"]["answers_lost"] == 1
+
+
+def test_a_lost_create_whose_batch_already_finished_is_adopted_not_sent_again(gemini_hook, gemini_conn, tmp_path):
+    """Issue 38 item 14: the create's answer is lost and the batch ends before the hook looks: it is still the chunk's."""
+    chunk = gemini_chunk(tmp_path, 2)
+    file_id = gemini_hook.upload_file(chunk["requests_path"])
+    route = "POST /v1beta/models/{model}:batchGenerateContent"
+    gemini_conn.set_faults(lose_answer_routes={route: 1}, delay_after_routes={route: 2.0})  # it ends meanwhile
+    batch_id = gemini_hook.create_batch(chunk, input_file_id=file_id, metadata=_meta("key-done"))
+    assert list(gemini_conn.gemini.runner.jobs) == [batch_id]  # one batch: the create was not sent again
+    assert gemini_conn.stats()["http"]["answers_lost"] == 1
+    assert gemini_hook.get_state(batch_id).status is BatchStatus.COMPLETED
+
+
+@pytest.mark.filterwarnings("ignore:BATCH_STATE_CANCELLING is not a valid JobState:UserWarning")  # the SDK's own
+def test_a_cancel_under_way_is_cancelling_not_an_unknown_state(gemini_hook, gemini_conn, tmp_path, monkeypatch):
+    """Issue 38 item 14: the wire's ``BATCH_STATE_CANCELLING`` (the SDK passes it through) means the cancel was taken."""
+    gemini_conn.set_faults(slow=30)
+    batch_id = gemini_hook.submit(gemini_chunk(tmp_path, 2), metadata=_meta("k-cancelling"))["batch_id"]
+    _wait_status(gemini_hook, batch_id, BatchStatus.IN_PROGRESS)  # validated: nothing changes it for 30 s
+    runner = gemini_conn.gemini.runner
+
+    def cancel_slowly(job) -> None:  # as Google's API answers while a cancel is under way
+        with runner.store.lock:
+            job.set_state("BATCH_STATE_CANCELLING")
+
+    monkeypatch.setattr(runner, "cancel", cancel_slowly)
+    assert gemini_hook.cancel(batch_id).status is BatchStatus.CANCELLING
+
+    async def acancel():
+        try:
+            return await gemini_hook.acancel(batch_id)
+        finally:
+            await gemini_hook.aclose()
+
+    state = asyncio.run(acancel())
+    assert (state.status, state.provider_status) == (BatchStatus.CANCELLING, "BATCH_STATE_CANCELLING")
