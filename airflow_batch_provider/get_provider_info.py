@@ -1,9 +1,9 @@
 """Provider metadata read by Airflow's providers manager (entry point ``apache_airflow_provider``).
 
 Airflow calls it while its own configuration is still loading, so the module imports nothing
-but the version; the function loads the backends' import-light modules
-(:mod:`airflow_batch_provider.backends`), which bring their own hook modules and connection
-types — an installed third-party backend included.
+but the version and the ``[llm_batch]`` section's description (neither imports Airflow); the
+function loads the backends' import-light modules (:mod:`airflow_batch_provider.backends`), which
+bring their own hook modules and connection types — an installed third-party backend included.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_batch_provider import __version__
+from airflow_batch_provider.settings import PROVIDER_CONFIG
 
 _OPENAI_COMPATIBLE_FIELDS: dict[str, Any] = {
     "base_url": {
@@ -32,19 +33,36 @@ _OPENAI_COMPATIBLE_FIELDS: dict[str, Any] = {
     },
 }
 
+#: The self-hosted servers' connection type (ServerGenerateOperator, streaming intake): the openai SDK.
+_OPENAI_COMPATIBLE_CONNECTION: dict[str, Any] = {
+    "hook-class-name": "airflow_batch_provider.hooks.openai_compatible.OpenAICompatibleHook",
+    "hook-name": "OpenAI-compatible server",
+    "connection-type": "openai_compatible",
+    "ui-field-behaviour": {
+        "hidden-fields": ["schema", "login"],
+        "relabeling": {"password": "API Key (optional)", "host": "Base URL"},
+        "placeholders": {"host": "http://vllm-server:8000/v1", "password": "vllm serve --api-key value"},
+    },
+    "conn-fields": _OPENAI_COMPATIBLE_FIELDS,
+}
+
 
 def get_provider_info() -> dict[str, Any]:
     """Return the provider description Airflow registers (hooks, triggers, connection types)."""
     # Imported here, not above: the backends import the package's exceptions, which import
     # Airflow, which may be loading its providers (this function) at that very moment.
-    from airflow_batch_provider.backends.registry import all_backends
+    from airflow_batch_provider.backends.registry import all_backends, module_available, sdk_installed
 
-    backends = all_backends()
+    # Hooks and connection types only where their SDK extra is installed: Airflow imports every hook it
+    # is told of and warns for each that fails. A job naming such a backend still fails with the extra
+    # to install (backends/registry.py: require_sdk).
+    backends = [backend for backend in all_backends() if sdk_installed(backend)]
+    servers = [_OPENAI_COMPATIBLE_CONNECTION] if module_available("openai") else []
     return {
         "package-name": "airflow-batch-provider",
         "name": "LLM Batch Inference",
         "description": "Batch LLM inference through provider batch APIs "
-        f"({', '.join(backend.title for backend in backends)}) and self-hosted vLLM.",
+        f"({', '.join(backend.title for backend in all_backends())}) and self-hosted vLLM.",
         "versions": [__version__],
         "integrations": [
             {
@@ -59,7 +77,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_batch_provider.hooks.base",
                     *(backend.hook_class_path.partition(":")[0] for backend in backends),
-                    "airflow_batch_provider.hooks.openai_compatible",
+                    *(connection["hook-class-name"].rpartition(".")[0] for connection in servers),
                     "airflow_batch_provider.hooks.local_results",
                 ],
             }
@@ -89,19 +107,11 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_batch_provider.triggers.batch", "airflow_batch_provider.triggers.intake"],
             }
         ],
+        # The [llm_batch] section `airflow config list` shows (airflow_batch_provider.settings).
+        "config": PROVIDER_CONFIG,
         "extra-links": ["airflow_batch_provider.links.BatchConsoleLink", "airflow_batch_provider.links.RunReportLink"],
         "connection-types": [
             *(backend.connection_info() for backend in backends),
-            {
-                "hook-class-name": "airflow_batch_provider.hooks.openai_compatible.OpenAICompatibleHook",
-                "hook-name": "OpenAI-compatible server",
-                "connection-type": "openai_compatible",
-                "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "login"],
-                    "relabeling": {"password": "API Key (optional)", "host": "Base URL"},
-                    "placeholders": {"host": "http://vllm-server:8000/v1", "password": "vllm serve --api-key value"},
-                },
-                "conn-fields": _OPENAI_COMPATIBLE_FIELDS,
-            },
+            *servers,
         ],
     }

@@ -1,6 +1,6 @@
 """Every path under a job folder and an output folder: the on-disk contract between the stages.
 
-One job folder per ChunkOperator run (by default ``<work dir>/<dag_id>/<run folder>/<task_id>``,
+One job folder per ChunkOperator run (by default ``<[llm_batch] work_dir>/<dag_id>/<run folder>/<task_id>``,
 see :func:`default_job_dir`); each stage writes only its own part of it::
 
     job_dir/
@@ -26,8 +26,9 @@ see :func:`default_job_dir`); each stage writes only its own part of it::
 
 The chunk step writes into a staging folder and moves it to ``chunks/`` only when every file,
 the manifest last, is there; published files are never rewritten. Paths may be local or any
-``ObjectStoragePath`` URL. This module imports nothing above :mod:`airflow_batch_provider.utils`,
-so publishing and retention code can use it too.
+``ObjectStoragePath`` URL. This module imports nothing above :mod:`airflow_batch_provider.utils`
+(and :mod:`~airflow_batch_provider.settings`, which imports Airflow only when read), so publishing
+and retention code can use it too.
 
 Names that come from outside never reach a path as they are: a run_id becomes a readable folder
 name plus 8 hex of its hash (:func:`run_folder_name`), a provider's batch id a safe file name
@@ -41,6 +42,7 @@ import os
 import re
 import uuid
 
+from airflow_batch_provider import settings
 from airflow_batch_provider.utils.storage import AnyPath, to_path
 
 CHUNKS_DIR = "chunks"
@@ -53,18 +55,8 @@ SUMMARY_NAME = "_SUMMARY.json"
 MERGED_NAME = "merged.json"
 STAGING_PREFIX = ".staging-"
 REPLACED_PREFIX = f".old-{CHUNKS_DIR}-"
-WORK_DIR_ENV = "AIRFLOW_BATCH_WORK_DIR"
 _UNSAFE_PATH_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 _PLAIN_BATCH_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
-
-
-def default_work_dir() -> str:
-    """Return ``$AIRFLOW_BATCH_WORK_DIR``, else ``$AIRFLOW_HOME/batch_jobs`` (``~/airflow`` when unset)."""
-    configured = os.environ.get(WORK_DIR_ENV)
-    if configured:
-        return configured
-    home = os.environ.get("AIRFLOW_HOME") or os.path.join(os.path.expanduser("~"), "airflow")
-    return os.path.join(home, "batch_jobs")
 
 
 def sanitise_path_part(text: str) -> str:
@@ -84,9 +76,9 @@ def run_folder_name(run_id: str) -> str:
 
 
 def default_job_dir(dag_id: str, run_id: str, task_dir: str) -> str:
-    """Return the default job folder: ``<work dir>/<dag_id>/<run folder>/<task_dir>`` (every part made safe)."""
+    """Return the default job folder: ``<[llm_batch] work_dir>/<dag_id>/<run folder>/<task_dir>`` (parts made safe)."""
     return os.path.join(
-        default_work_dir(), sanitise_path_part(dag_id), run_folder_name(run_id), sanitise_path_part(task_dir)
+        settings.work_dir(), sanitise_path_part(dag_id), run_folder_name(run_id), sanitise_path_part(task_dir)
     )
 
 

@@ -226,7 +226,8 @@ def _env(home: Path) -> dict[str, str]:
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
         AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
-        AIRFLOW_BATCH_WORK_DIR=str(BENCH_DIR / "dag-jobs"),
+        AIRFLOW__LLM_BATCH__WORK_DIR=str(BENCH_DIR / "dag-jobs"),
+        AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE="True",  # the deferrals this benchmark measures
         BATCH_DEMO_DATA_DIR=str(BENCH_DIR / "dag-data"),
         PYTHONUNBUFFERED="1",
     )

@@ -100,7 +100,7 @@ def cpu_engine_env(*, in_process: bool = True) -> dict[str, str]:
 
 
 def cpu_engine_factory(**engine_args: Any) -> Any:
-    """An ``$AIRFLOW_BATCH_VLLM_ENGINE_FACTORY`` for the CPU build: the operator's arguments plus :data:`ENGINE_ARGS`.
+    """An ``[llm_batch] vllm_engine_factory`` for the CPU build: the operator's arguments plus :data:`ENGINE_ARGS`.
 
     ``make demo BACKEND=vllm`` sets it, so that the example DAG (written for GPUs) runs the tiny model
     in eager mode with a 512-token context; the engine is the real one (``vllm_engine.load_engine``).

@@ -26,7 +26,7 @@ from airflow_batch_provider.operators.merge import MergeResultsOperator
 from airflow_batch_provider.operators.server import ServerGenerateOperator
 from airflow_batch_provider.operators.vllm import VLLMGenerateOperator
 
-# One folder per run and task under the job_dir Param; empty: ChunkOperator's default under $AIRFLOW_BATCH_WORK_DIR.
+# One folder per run and task under the job_dir Param; empty: ChunkOperator's default under [llm_batch] work_dir.
 JOB_DIR = "{{ params.job_dir and (params.job_dir ~ '/' ~ dag.dag_id ~ '/' ~ run_id ~ '/chunk') }}"
 LABELS = ["electronics", "clothing", "home", "sports", "toys", "beauty", "books", "grocery"]
 DATA_DIR = os.environ.get("BATCH_DEMO_DATA_DIR", "/tmp/airflow-batch-demo")
@@ -57,7 +57,7 @@ with DAG(
         "job_dir": Param(
             "",
             type="string",
-            description="Root of the job folders; empty: $AIRFLOW_BATCH_WORK_DIR. Workers on several hosts: s3://….",
+            description="Root of the job folders; empty: [llm_batch] work_dir. Workers on several hosts: s3://….",
         ),
         "conn_id": Param("openai_compatible_default", type="string", description="Server connection (server mode)."),
         "chunk_size": Param(10_000, type="integer", minimum=1, description="Requests per generate task."),
@@ -91,6 +91,7 @@ with DAG(
         request_params={"max_tokens": 5, "temperature": 0},
         # One model load per vLLM task: fewer, larger chunks amortise it.
         chunk_size="{{ params.chunk_size }}",
+        canary_rows=0,  # the requests go to our own server, not to a provider's real-time API
     )
 
     @task.branch

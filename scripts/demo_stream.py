@@ -1,7 +1,8 @@
 """``make demo-stream``: push N requests through a real queue and the ``stream_intake`` DAG, offline.
 
-Starts what it needs and stops it afterwards: moto's SQS server (``--backend sqs``) or a
-uniquely named stream on this machine's Redis (``--backend redis``), the emulator as the
+Starts what it needs and stops it afterwards: moto's SQS server (``--backend sqs``), a Tansu
+Kafka-protocol broker (``--backend kafka``) or a uniquely named stream on this machine's Redis
+(``--backend redis``), the emulator as the
 self-hosted inference server (4 model slots, ``--scheduling-policy priority``), and the HTTP
 producer endpoint (Airflow JWT auth; ``max_depth`` 100, ``Retry-After`` 1 s). A producer
 thread POSTs N requests, honouring 503 + Retry-After; meanwhile ``airflow dags test
@@ -39,6 +40,7 @@ from benchmarks.stream_services import (  # noqa: E402
     probe_realtime,
     start_emulator,
     start_moto,
+    start_tansu,
 )
 
 HOME = REPO / ".airflow" / "demo-stream"
@@ -56,7 +58,8 @@ def _env() -> dict[str, str]:
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{HOME}/airflow.db",
         AIRFLOW__API_AUTH__JWT_SECRET=uuid.uuid4().hex * 2,  # this demo's own signing key
         AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        AIRFLOW_BATCH_WORK_DIR=str(WORK / "jobs"),
+        AIRFLOW__LLM_BATCH__WORK_DIR=str(WORK / "jobs"),
+        AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE="True",  # waits free their worker slot (docs/configuration.md)
         AIRFLOW_CONN_STREAM_RESULTS_DB=json.dumps({"conn_type": "sqlite", "host": str(WORK / "results.sqlite")}),
         PYTHONUNBUFFERED="1",
     )
@@ -153,7 +156,7 @@ def _groups(queue: dict[str, Any]) -> list[int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=("redis", "sqs"), default="redis")
+    parser.add_argument("--backend", choices=("redis", "sqs", "kafka"), default="redis")
     parser.add_argument("--requests", type=int, default=300)
     args = parser.parse_args()
     shutil.rmtree(WORK, ignore_errors=True)
@@ -172,6 +175,10 @@ def main() -> int:
             services.append(moto)
             os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
             queue: dict[str, Any] = {"backend": "sqs", "name": name, "endpoint_url": moto.url}
+        elif args.backend == "kafka":
+            broker = start_tansu(env, WORK)
+            services.append(broker)
+            queue = {"backend": "kafka", "name": name, "bootstrap_servers": broker.url, "create_partitions": 3}
         else:
             queue = {"backend": "redis", "name": name, "url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")}
         emu_args = ("--realtime-slots", "4", "--realtime-delay", "0.05", "--scheduling-policy", "priority")

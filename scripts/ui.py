@@ -54,7 +54,7 @@ def ui_env(home: Path, port: int) -> dict[str, str]:
         AIRFLOW__API__WORKERS="1",
         AIRFLOW__API_AUTH__JWT_SECRET=secrets.token_urlsafe(32),
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin",
-        AIRFLOW_BATCH_WORK_DIR=str(REPO / ".demo" / "jobs"),
+        AIRFLOW__LLM_BATCH__WORK_DIR=str(REPO / ".demo" / "jobs"),
         BATCH_DEMO_DATA_DIR=str(REPO / ".demo" / "data"),
     )
     return env

@@ -19,6 +19,8 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO_ROOT / "dags")
 os.environ.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{_HOME}/airflow.db")
+# Waits defer, as docs/configuration.md advises every deployment (Airflow's default is to poke).
+os.environ["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] = "True"
 # Keep SDK clients from ever reaching a real provider from tests.
 os.environ.pop("OPENAI_API_KEY", None)
 os.environ.pop("ANTHROPIC_API_KEY", None)

@@ -77,7 +77,7 @@ def test_common_environment_configures_celery_postgres_and_redis(compose, servic
         and "@postgres/" in env["AIRFLOW__CELERY__RESULT_BACKEND"]
     )
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://airflow-apiserver:8080/execution/"
-    assert env["AIRFLOW_BATCH_WORK_DIR"] == "/opt/airflow/batch_jobs"
+    assert env["AIRFLOW__LLM_BATCH__WORK_DIR"] == "/opt/airflow/batch_jobs"
     assert "AIRFLOW_CONN_OPENAI_COMPATIBLE_DEFAULT" in env
     for name in AIRFLOW_SERVICES:  # the emulator needs none of it (see the emulator test)
         service_env = services[name]["environment"]

@@ -540,7 +540,7 @@ def test_the_example_dag_under_the_issue_faults(airflow_db, openai_conn, tmp_pat
 
     faults = {"line_error_rate": 0.02, "expire_rate": 0.01, "http_429_rate": 0.05, "retry_after": 0.05}
     openai_conn.set_faults(**faults)
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
     out = tmp_path / "out"
     conf = {"rows": 3000, "data_dir": str(tmp_path / "data"), "output_dir": str(out), "poll_interval": 0.2}

@@ -108,7 +108,7 @@ def fresh_emulator(monkeypatch: pytest.MonkeyPatch):
 
 def _run(dag: Any, tmp_path: Path, provider: str, rows: int, name: str, monkeypatch: pytest.MonkeyPatch) -> dict:
     work = tmp_path / f"jobs-{name}"
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(work))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(work))
     output_dir = tmp_path / "out"
     run = dag.test(
         run_conf={

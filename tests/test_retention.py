@@ -50,7 +50,7 @@ def test_a_merged_run_keeps_no_request_bodies_and_its_merge_can_run_again(
     from airflow_batch_provider.operators.merge import MergeResultsOperator
 
     jobs = tmp_path / "jobs"
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(jobs))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(jobs))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["nightly_product_classification"]
     out = tmp_path / "out"
     conf = {"rows": 3000, "data_dir": str(tmp_path / "data"), "output_dir": str(out), "poll_interval": 0.2}

@@ -17,7 +17,6 @@ from airflow_batch_provider.cost.advisor import (
     format_plan,
     plan_workload,
 )
-from airflow_batch_provider.cost.pricing import PRICING_FILE_ENV
 from airflow_batch_provider.exceptions import InvalidInputError
 
 
@@ -46,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, help="requests per batch file")
     parser.add_argument(
-        "--pricing-file", default=None, help=f"JSON/YAML price overrides (also read from ${PRICING_FILE_ENV})"
+        "--pricing-file", default=None, help="JSON/YAML price overrides (on top of Airflow's [llm_batch] pricing_file)"
     )
     return parser
 

@@ -1,4 +1,4 @@
-"""tiktoken's BPE files, found offline: tiktoken's cache, ``$AIRFLOW_BATCH_TIKTOKEN_DIR`` or a ``bpe-openai`` wheel.
+"""tiktoken's BPE files, found offline: tiktoken's cache, ``[llm_batch] tiktoken_dir`` or a ``bpe-openai`` wheel.
 
 Every file is checked against the sha256 tiktoken pins, and nothing is ever downloaded: workers
 often have no internet, and a chunk task must not hang on a blob-store request (see
@@ -18,9 +18,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from airflow_batch_provider import settings
 
-TIKTOKEN_DIR_ENV = "AIRFLOW_BATCH_TIKTOKEN_DIR"
+log = logging.getLogger(__name__)
 
 # The BPE files tiktoken loads for these encodings, and the sha256 it pins for each
 # (tiktoken_ext/openai_public.py); the URL also names the file in tiktoken's cache.
@@ -59,7 +59,7 @@ def _verified(data: bytes, name: str) -> bool:
 def _local_copies(name: str) -> list[Path]:
     """Return candidate BPE files outside tiktoken's cache, in the order they are tried."""
     folders: list[Path] = []
-    configured = os.environ.get(TIKTOKEN_DIR_ENV)
+    configured = settings.tiktoken_dir()
     if configured:
         folders.append(Path(configured).expanduser())
     spec = importlib.util.find_spec("bpe_openai")  # finds the wheel without importing its extension

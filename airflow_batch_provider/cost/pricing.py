@@ -5,7 +5,7 @@ common models); batch prices are the list price less the backend's ``batch_disco
 OpenAI, Anthropic and Bedrock). Prices change:
 :data:`PRICES_AS_OF` says when this table was checked. Override or extend it with
 
-- a JSON or YAML file named by ``$AIRFLOW_BATCH_PRICING_FILE``, read on every :func:`load_pricing`;
+- a JSON or YAML file named by ``[llm_batch] pricing_file``, read on every :func:`load_pricing`;
 - a file path or a dict passed to :func:`load_pricing` (for instance from a DAG Param).
 
 Later sources win, per model. The file or dict maps model names to prices::
@@ -35,10 +35,10 @@ from typing import Any
 
 import orjson
 
-from airflow_batch_provider.backends.registry import all_backends, backend_for_model
+from airflow_batch_provider import settings
+from airflow_batch_provider.backends.registry import all_backends, backend_for_model, find_backend
 from airflow_batch_provider.exceptions import InvalidInputError
 
-PRICING_FILE_ENV = "AIRFLOW_BATCH_PRICING_FILE"
 DEFAULT_BATCH_DISCOUNT = 0.5
 PRICES_AS_OF = "2026-11-30"
 
@@ -46,7 +46,7 @@ PRICES_AS_OF = "2026-11-30"
 def prices_source() -> str:
     """Say where the built-in prices come from (each backend names its own source)."""
     sources = "; ".join(backend.prices_source for backend in all_backends() if backend.prices_source)
-    return f"{sources}; standard tier, text tokens, short context, no prompt caching"
+    return f"{sources}; standard tier, text tokens, short context; prompt-cache multipliers per provider"
 
 
 # What may follow a known name: a dated snapshot or an alias, nothing that names another model.
@@ -63,14 +63,24 @@ class ModelPrice:
     output_per_mtok: float
     batch_input_per_mtok: float
     batch_output_per_mtok: float
+    # Prompt-cache reads and writes as multiples of the input price; the batch discount applies on top.
+    cache_read_multiplier: float = 1.0
+    cache_write_multiplier: float = 1.0
 
-    def cost(self, input_tokens: int, output_tokens: int, *, batch: bool = True) -> float:
-        """Return the USD cost of the given token counts, at batch or real-time prices."""
+    def cost(
+        self, input_tokens: int, output_tokens: int, *, batch: bool = True, cached: int = 0, written: int = 0
+    ) -> float:
+        """Return the USD cost of the given token counts, at batch or real-time prices.
+
+        ``cached`` and ``written`` are the part of ``input_tokens`` read from and written to the prompt cache.
+        """
         if batch:
             rates = (self.batch_input_per_mtok, self.batch_output_per_mtok)
         else:
             rates = (self.input_per_mtok, self.output_per_mtok)
-        return (input_tokens * rates[0] + output_tokens * rates[1]) / 1_000_000
+        uncached = input_tokens - cached - written
+        read_and_write = cached * self.cache_read_multiplier + written * self.cache_write_multiplier
+        return ((uncached + read_and_write) * rates[0] + output_tokens * rates[1]) / 1_000_000
 
     def to_dict(self) -> dict[str, Any]:
         """Return the prices in the override-file format."""
@@ -80,6 +90,8 @@ class ModelPrice:
             "output": self.output_per_mtok,
             "batch_input": self.batch_input_per_mtok,
             "batch_output": self.batch_output_per_mtok,
+            "cache_read_multiplier": self.cache_read_multiplier,
+            "cache_write_multiplier": self.cache_write_multiplier,
         }
 
 
@@ -118,7 +130,7 @@ class PricingTable:
         if price is None:
             raise InvalidInputError(
                 f"No price is known for model {model!r}. Add it with a pricing file named by "
-                f"${PRICING_FILE_ENV} or a pricing dict, e.g. "
+                f"{settings.describe('pricing_file')} or a pricing dict, e.g. "
                 f'{{"models": {{"{model}": {{"input": <USD per 1M input tokens>, '
                 f'"output": <USD per 1M output tokens>}}}}}}. '
                 f"Known models: {', '.join(self.models())}."
@@ -144,9 +156,9 @@ def default_pricing() -> PricingTable:
 
 
 def load_pricing(
-    overrides: Mapping[str, Any] | str | os.PathLike[str] | PricingTable | None = None, *, use_env: bool = True
+    overrides: Mapping[str, Any] | str | os.PathLike[str] | PricingTable | None = None, *, use_settings: bool = True
 ) -> PricingTable:
-    """Return the built-in prices, extended by ``$AIRFLOW_BATCH_PRICING_FILE`` and then ``overrides``.
+    """Return the built-in prices, extended by ``[llm_batch] pricing_file`` and then ``overrides``.
 
     ``overrides`` is a dict in the override format, a path to a JSON/YAML file, or a ready table
     (returned as is). Raises InvalidInputError for an unreadable file or a malformed entry.
@@ -154,9 +166,9 @@ def load_pricing(
     if isinstance(overrides, PricingTable):
         return overrides
     table = default_pricing()
-    env_file = os.environ.get(PRICING_FILE_ENV) if use_env else None
-    if env_file:
-        table = table.extended(read_pricing_file(env_file), source=f"${PRICING_FILE_ENV}={env_file}")
+    configured = settings.pricing_file() if use_settings else ""
+    if configured:
+        table = table.extended(read_pricing_file(configured), source=f"[llm_batch] pricing_file={configured}")
     if isinstance(overrides, Mapping):
         table = table.extended(overrides)
     elif overrides is not None:
@@ -213,6 +225,7 @@ def parse_prices(entries: Mapping[str, Any], *, source: str = "dict") -> list[Mo
         batch_in = entry.get("batch_input")
         batch_out = entry.get("batch_output")
         provider = entry.get("provider") or _guess_provider(model)
+        read, write = _cache_multipliers(str(provider))
         prices.append(
             ModelPrice(
                 model=model,
@@ -225,6 +238,10 @@ def parse_prices(entries: Mapping[str, Any], *, source: str = "dict") -> list[Mo
                 batch_output_per_mtok=out * (1 - discount)
                 if batch_out is None
                 else _number(batch_out, source, model, "batch_output"),
+                cache_read_multiplier=_number(entry.get("cache_read_multiplier", read), source, model, "cache_read"),
+                cache_write_multiplier=_number(
+                    entry.get("cache_write_multiplier", write), source, model, "cache_write"
+                ),
             )
         )
     return prices
@@ -232,7 +249,13 @@ def parse_prices(entries: Mapping[str, Any], *, source: str = "dict") -> list[Mo
 
 def _price(model: str, provider: str, inp: float, out: float, discount: float) -> ModelPrice:
     keep = 1 - discount
-    return ModelPrice(model, provider, inp, out, inp * keep, out * keep)
+    return ModelPrice(model, provider, inp, out, inp * keep, out * keep, *_cache_multipliers(provider))
+
+
+def _cache_multipliers(provider: str) -> tuple[float, float]:
+    """Return the provider's prompt-cache (read, write) price multipliers; (1, 1) for one without a cache price."""
+    backend = find_backend(provider)
+    return backend.cache_price_multipliers if backend is not None else (1.0, 1.0)
 
 
 def _number(value: Any, source: str, model: str, key: str) -> float:

@@ -11,7 +11,7 @@ defaults and a tokenizer-based prompt counter). :func:`shutdown_engine` frees th
 tests use it with a stand-in ``LLM`` (vLLM cannot load a model without a GPU) and vLLM's real
 classes from :func:`load_classes` (they import on a CPU machine).
 
-A worker can select another engine build without code changes: ``$AIRFLOW_BATCH_VLLM_ENGINE_FACTORY``
+A worker can select another engine build without code changes: ``[llm_batch] vllm_engine_factory``
 names a callable (``package.module.function``) that takes :func:`create_engine`'s arguments and
 returns a :class:`VLLMEngine` (a patched vLLM, a wrapper that adds tracing, or — in the
 distributed test suite, which has no GPU — a stand-in ``LLM`` over vLLM's real classes).
@@ -26,19 +26,17 @@ from __future__ import annotations
 
 import gc
 import importlib
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_batch_provider import settings
 from airflow_batch_provider.exceptions import BatchProviderError
 
 INSTALL_HINT = "pip install 'airflow-batch-provider[vllm]'"
 MIN_VLLM = "0.11.1"
-# Set on a worker to load engines through another factory (see the module docstring).
-ENGINE_FACTORY_ENV = "AIRFLOW_BATCH_VLLM_ENGINE_FACTORY"
 
 # generation_config keys ``vllm serve`` uses as per-request defaults (ModelConfig.get_diff_sampling_param).
 GENERATION_DEFAULT_KEYS = (
@@ -172,9 +170,9 @@ def check_version(version: str) -> None:
 def create_engine(**engine_args: Any) -> VLLMEngine:
     """Import vLLM and load ``vllm.LLM(**engine_args)``; raise EngineUnavailableError with the install hint.
 
-    With ``$AIRFLOW_BATCH_VLLM_ENGINE_FACTORY`` set on the worker, that factory is called instead.
+    With ``[llm_batch] vllm_engine_factory`` set on the worker, that factory is called instead.
     """
-    factory = os.environ.get(ENGINE_FACTORY_ENV)
+    factory = settings.vllm_engine_factory()
     if factory:
         return _configured_factory(factory)(**engine_args)
     return load_engine(**engine_args)
@@ -196,10 +194,12 @@ def _configured_factory(dotted: str) -> Callable[..., VLLMEngine]:
         factory = getattr(importlib.import_module(module_name), name) if module_name else None
     except (ImportError, AttributeError) as exc:
         raise EngineUnavailableError(
-            f"{ENGINE_FACTORY_ENV}={dotted!r} cannot be imported on this worker: {exc}"
+            f"[llm_batch] vllm_engine_factory={dotted!r} cannot be imported on this worker: {exc}"
         ) from exc
     if not callable(factory):
-        raise EngineUnavailableError(f"{ENGINE_FACTORY_ENV}={dotted!r} must name a callable as package.module.function")
+        raise EngineUnavailableError(
+            f"[llm_batch] vllm_engine_factory={dotted!r} must name a callable as package.module.function"
+        )
     return factory
 
 

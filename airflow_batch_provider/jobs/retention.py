@@ -196,7 +196,7 @@ def collect(
     """
     base = Path(root)
     if not base.is_dir():
-        raise InvalidInputError(f"{base} is not a folder: pass the job folders' root (AIRFLOW_BATCH_WORK_DIR).")
+        raise InvalidInputError(f"{base} is not a folder: pass the job folders' root ([llm_batch] work_dir).")
     now = time.time()
     decisions = []
     for job in sorted(find_jobs(base), key=lambda j: str(j.path)):

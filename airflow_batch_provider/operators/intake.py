@@ -27,10 +27,11 @@ import pyarrow.parquet as pq
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_batch_provider import settings
 from airflow_batch_provider.intake.aggregator import Aggregator, GroupPolicy
 from airflow_batch_provider.intake.queues import open_queue
 from airflow_batch_provider.intake.sizing import IntakeMetrics
-from airflow_batch_provider.job_folder import default_work_dir, sanitise_path_part
+from airflow_batch_provider.job_folder import sanitise_path_part
 from airflow_batch_provider.operators.submit import SubmitBatchOperator
 
 
@@ -81,7 +82,7 @@ class CollectGroupOperator(BaseOperator):
             group = Aggregator(queue, policy, metrics).collect()
         if group is None:
             raise AirflowSkipException("the queue had no claimable message left; the next run waits again")
-        folder = os.path.join(self.work_dir or default_work_dir(), "stream", sanitise_path_part(queue.name))
+        folder = os.path.join(self.work_dir or settings.work_dir(), "stream", sanitise_path_part(queue.name))
         folder = os.path.join(folder, group.group_id)
         os.makedirs(folder, exist_ok=True)
         table = pa.table(

@@ -6,27 +6,21 @@ copy. It never reads a path or URL out of an XCom: XComs are user data (anyone a
 DAG's XComs through the REST API could otherwise point the view at another DAG's report, at any
 file of the server, or at a URL the server would fetch for them).
 
-The root is ``$AIRFLOW_BATCH_REPORT_DIR``, else ``<work dir>/reports`` (``$AIRFLOW_BATCH_WORK_DIR``,
-see :func:`airflow_batch_provider.job_folder.default_work_dir`). It is set by whoever runs the
-deployment, on the workers and the api-server alike: a shared disk, or an object store URL
-(``s3://bucket/reports``) when the workers share no disk with the api-server.
+The root is ``[llm_batch] report_dir``, else ``<[llm_batch] work_dir>/reports``
+(:mod:`airflow_batch_provider.settings`). It is set by whoever runs the deployment, on the
+workers and the api-server alike: a shared disk, or an object store URL (``s3://bucket/reports``)
+when the workers share no disk with the api-server.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 
-from airflow_batch_provider.job_folder import default_work_dir, sanitise_path_part
+from airflow_batch_provider import settings
+from airflow_batch_provider.job_folder import sanitise_path_part
 from airflow_batch_provider.utils.storage import AnyPath, to_path
 
-REPORT_DIR_ENV = "AIRFLOW_BATCH_REPORT_DIR"
 REPORT_FILE = "_REPORT.html"
-
-
-def report_root() -> str:
-    """Return the configured root of published run reports (local path or object store URL)."""
-    return os.environ.get(REPORT_DIR_ENV) or os.path.join(default_work_dir(), "reports")
 
 
 def _part(name: str) -> str:
@@ -36,6 +30,11 @@ def _part(name: str) -> str:
     return f"{sanitise_path_part(name)[:80]}-{digest}"
 
 
+def report_parts(dag_id: str, run_id: str, task_id: str) -> tuple[str, ...]:
+    """Return where one merge task's published report is under the root: three folder names, then the file's."""
+    return _part(dag_id), _part(run_id), _part(task_id), REPORT_FILE
+
+
 def published_report(dag_id: str, run_id: str, task_id: str, root: str | None = None) -> AnyPath:
     """Return the published report of one merge task of one DAG run, under ``root`` (the configured one)."""
-    return to_path(root or report_root()) / _part(dag_id) / _part(run_id) / _part(task_id) / REPORT_FILE
+    return to_path(root or settings.report_dir()).joinpath(*report_parts(dag_id, run_id, task_id))

@@ -51,12 +51,12 @@ from airflow_batch_provider.hooks.registry import get_batch_hook
 from airflow_batch_provider.links import BatchConsoleLink, remember_batch_url
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.progress import progress_base, progress_record, publish_progress
-from airflow_batch_provider.sensors.deferral import default_deferrable
 from airflow_batch_provider.sensors.errors import (
     cancelled_error,
     failed_error,
 )
 from airflow_batch_provider.sensors.record import Finished, Outcome, PollNext, WaitRecord, WaitUntil
+from airflow_batch_provider.settings import default_deferrable
 from airflow_batch_provider.status import BatchState, BatchStatus
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 
@@ -70,11 +70,12 @@ class BatchCompleteSensor(BaseSensorOperator):
 
     :param batch: a SubmitBatchOperator result (``{..., "batch_id": ...}``).
     :param conn_id: connection of the provider hook (default: the hook's default connection).
+    :param provider: override the provider named in the batch descriptor (empty: the batch's). Templated.
     :param poll_interval: seconds between status checks (also the poke interval when not deferred).
     :param max_poll_errors: failed polls in a row tolerated before the task fails.
     :param cancel_on_kill: cancel the provider batch when the task is killed or times out.
-    :param deferrable: defer to the triggerer (default: True unless the deployment turned
-        ``[operators] default_deferrable`` off explicitly).
+    :param deferrable: defer to the triggerer instead of poking in a worker slot (default: Airflow's
+        ``[operators] default_deferrable``; set it True for the deployment, as a wait lasts hours).
     :param max_line_retries: follow-up batches allowed for retryable failed lines (0: none).
     :param token_limit_retry_interval: seconds to wait before resubmitting a batch the provider
         refused with ``token_limit_exceeded``.
@@ -84,7 +85,7 @@ class BatchCompleteSensor(BaseSensorOperator):
     """
 
     # Not `batch`: an XCom descriptor, as SubmitBatchOperator.chunk (its rendered copy costs DB per chunk).
-    template_fields: Sequence[str] = ("conn_id", "poll_interval")
+    template_fields: Sequence[str] = ("conn_id", "provider", "poll_interval")
     ui_color = "#fff4d6"
     operator_extra_links = (BatchConsoleLink(),)
 

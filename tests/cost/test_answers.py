@@ -5,8 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from airflow_batch_provider.chunking.requests import renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.cost.answers import answer_schema, typical_answer
 from airflow_batch_provider.cost.tokens import TokenCounter, count_request_tokens
 from tests.chunking.reference import render

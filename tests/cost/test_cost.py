@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from airflow_batch_provider.chunking.requests import renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec
+from airflow_batch_provider import settings
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.cost.__main__ import main
 from airflow_batch_provider.cost.advisor import duration, plan_workload, realtime_minutes, recommend
 from airflow_batch_provider.cost.estimate import (
@@ -29,10 +29,11 @@ from airflow_batch_provider.cost.estimate import (
     price_usage,
     usd,
 )
-from airflow_batch_provider.cost.pricing import PRICING_FILE_ENV
 from airflow_batch_provider.cost.tokens import count_request_tokens
 from airflow_batch_provider.exceptions import CostLimitExceededError, InvalidInputError
 from tests.chunking.reference import render
+
+PRICING_FILE_ENV = settings.env_var("pricing_file")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

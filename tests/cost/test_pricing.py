@@ -8,13 +8,11 @@ from typing import Any
 import orjson
 import pytest
 
-from airflow_batch_provider.cost.pricing import (
-    PRICING_FILE_ENV,
-    PricingTable,
-    default_pricing,
-    load_pricing,
-)
+from airflow_batch_provider import settings
+from airflow_batch_provider.cost.pricing import PricingTable, default_pricing, load_pricing
 from airflow_batch_provider.exceptions import InvalidInputError
+
+PRICING_FILE_ENV = settings.env_var("pricing_file")  # AIRFLOW__LLM_BATCH__PRICING_FILE
 
 
 @pytest.fixture(autouse=True)
@@ -122,8 +120,8 @@ def test_override_file_from_env_adds_and_replaces(tmp_path: Path, monkeypatch: p
     mini = table.lookup("gpt-4o-mini-2024-07-18")
     assert (mini.input_per_mtok, mini.batch_input_per_mtok, mini.batch_output_per_mtok) == (0.10, 0.04, 0.16)
     assert table.lookup("gpt-4o").input_per_mtok == 2.50  # untouched defaults stay
-    assert any(PRICING_FILE_ENV in source for source in table.sources)
-    assert load_pricing(use_env=False).lookup("gpt-4o-mini").input_per_mtok == 0.15
+    assert f"[llm_batch] pricing_file={file}" in table.sources
+    assert load_pricing(use_settings=False).lookup("gpt-4o-mini").input_per_mtok == 0.15
 
 
 def test_dict_override_wins_over_the_env_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

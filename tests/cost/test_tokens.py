@@ -2,7 +2,7 @@
 
 tiktoken downloads its BPE files on first use and the test machines have no internet, so the
 exact-count test runs only where ``o200k_base``/``cl100k_base`` can be loaded offline (a warm
-tiktoken cache, ``$AIRFLOW_BATCH_TIKTOKEN_DIR`` or the ``bpe-openai`` wheel). The pinned counts
+tiktoken cache, ``[llm_batch] tiktoken_dir`` or the ``bpe-openai`` wheel). The pinned counts
 below were produced with tiktoken 0.14 from files whose sha256 matched tiktoken's; the
 approximation tests always run and are checked against hand-computed values and, in aggregate,
 against those pinned counts. No test can download: ``tiktoken.load.read_file`` refuses URLs here.
@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 import pytest
 
+from airflow_batch_provider import settings
 from airflow_batch_provider.backends.openai import encoding_name_for
 from airflow_batch_provider.cost import encodings, tokens
 from airflow_batch_provider.cost.answers import DEFAULT_OUTPUT_TOKENS
@@ -77,7 +78,7 @@ def _never_download(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def no_encodings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """No BPE file anywhere: an empty tiktoken cache, no local folder, no bpe-openai."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv(encodings.TIKTOKEN_DIR_ENV, raising=False)
+    monkeypatch.delenv(settings.env_var("tiktoken_dir"), raising=False)
     monkeypatch.setattr(encodings.importlib.util, "find_spec", lambda name: None)
     encodings.load_encoding.cache_clear()
     yield tmp_path
@@ -212,7 +213,7 @@ def test_requests_without_text_are_rejected(item: Any) -> None:
 def test_without_any_bpe_file_counts_are_approximate(no_encodings: Path) -> None:
     assert encodings.load_encoding("o200k_base") is None
     assert TokenCounter("gpt-4o-mini").method == "approximation chars/4"
-    with pytest.raises(InvalidInputError, match=encodings.TIKTOKEN_DIR_ENV):
+    with pytest.raises(InvalidInputError, match=settings.env_var("tiktoken_dir")):
         TokenCounter("gpt-4o-mini", exact=True)
     with pytest.raises(InvalidInputError, match="No offline tokenizer"):
         TokenCounter("claude-haiku-4-5", exact=True)
@@ -222,7 +223,7 @@ def test_a_file_with_the_wrong_hash_is_ignored(no_encodings: Path, monkeypatch: 
     folder = no_encodings / "bpe"
     folder.mkdir()
     (folder / "o200k_base.tiktoken.gz").write_bytes(gzip.compress(b"aGVsbG8= 0\n"))
-    monkeypatch.setenv(encodings.TIKTOKEN_DIR_ENV, str(folder))
+    monkeypatch.setenv(settings.env_var("tiktoken_dir"), str(folder))
     assert encodings.load_encoding("o200k_base") is None
     assert not (no_encodings / "cache").exists()  # nothing was copied into tiktoken's cache
 

@@ -4,7 +4,7 @@ Extends the scheduler suite's :class:`~tests.scheduler.deployment.Deployment` (a
 scheduler, dag-processor, triggerer on PostgreSQL, each its own process) with CeleryExecutor,
 Redis as broker (every key under a unique prefix, deleted at the end), the PostgreSQL database
 as result backend, and Celery workers as separate processes. Each worker has its own private
-HOME, TMPDIR, log folder and ``AIRFLOW_BATCH_WORK_DIR`` and its own host name, so a file that
+HOME, TMPDIR, log folder and ``AIRFLOW__LLM_BATCH__WORK_DIR`` and its own host name, so a file that
 one task left on "its" disk is invisible to a task on another worker: everything the stages
 hand over goes through S3.
 """
@@ -61,7 +61,7 @@ class CeleryDeployment(Deployment):
             }
         )
         # No component shares a work dir with the workers: data paths are s3:// in every run.
-        env.pop("AIRFLOW_BATCH_WORK_DIR", None)
+        env.pop("AIRFLOW__LLM_BATCH__WORK_DIR", None)
         return env
 
     def start(self) -> None:
@@ -80,13 +80,13 @@ class CeleryDeployment(Deployment):
             **self.env,
             "HOME": str(private / "home"),
             "TMPDIR": str(private / "tmp"),
-            "AIRFLOW_BATCH_WORK_DIR": str(private / "work"),
+            "AIRFLOW__LLM_BATCH__WORK_DIR": str(private / "work"),
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(private / "logs"),
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": "tests.distributed.worker_host.hostname",
             "ABP_WORKER_HOSTNAME": name,
         }
         if queues == "gpu":  # vLLM cannot run here (no GPU): this worker selects the stand-in engine
-            env["AIRFLOW_BATCH_VLLM_ENGINE_FACTORY"] = "tests.distributed.stand_in_vllm.create_engine"
+            env["AIRFLOW__LLM_BATCH__VLLM_ENGINE_FACTORY"] = "tests.distributed.stand_in_vllm.create_engine"
         argv = [str(self.bin / "airflow"), "celery", "worker", "--queues", queues, "--concurrency", str(concurrency),
                 "--celery-hostname", f"{name}@127.0.0.1", "--skip-serve-logs"]  # fmt: skip
         return Component(name, argv, env, self.logs / f"{name}.log")

@@ -1,7 +1,7 @@
 """The engine factory of the distributed suite's ``gpu`` worker: vLLM cannot run here (no GPU).
 
 The worker selects it the way a deployment selects any other engine build, with the documented
-setting ``AIRFLOW_BATCH_VLLM_ENGINE_FACTORY=tests.distributed.stand_in_vllm.create_engine``
+setting ``AIRFLOW__LLM_BATCH__VLLM_ENGINE_FACTORY=tests.distributed.stand_in_vllm.create_engine``
 (see ``hooks/vllm_engine.py``); nothing is patched inside the worker. The engine is the unit
 tests' stand-in ``LLM`` (``tests/vllm_stand_in.py``) over vLLM's real request and output
 classes (``make vllm-classes`` installs them on the CPU). Its version ends in ``(stand-in)``, so

@@ -1,7 +1,7 @@
 """The example DAGs on CeleryExecutor workers that share no disk, with every data path on S3.
 
 Source table, job folder and output dataset are ``s3://`` URLs on moto's server; the workers
-each have a private HOME, TMPDIR and ``AIRFLOW_BATCH_WORK_DIR`` (see ``celery.py``), so a chunk
+each have a private HOME, TMPDIR and ``AIRFLOW__LLM_BATCH__WORK_DIR`` (see ``celery.py``), so a chunk
 file written by the chunk task reaches the submit task on another worker only through S3.
 """
 
@@ -69,7 +69,7 @@ def test_self_hosted_vllm_generates_only_on_the_gpu_worker(celery_deployment: Ce
     """vllm mode: every generate task ran on the ``gpu`` worker; chunk and merge on default workers.
 
     vLLM cannot run here (no GPU): the gpu worker selects a stand-in engine through the documented
-    ``AIRFLOW_BATCH_VLLM_ENGINE_FACTORY`` setting (``stand_in_vllm.py``); the other workers have no
+    ``AIRFLOW__LLM_BATCH__VLLM_ENGINE_FACTORY`` setting (``stand_in_vllm.py``); the other workers have no
     engine at all, so a generate task that landed there would fail.
     """
     deployment = celery_deployment

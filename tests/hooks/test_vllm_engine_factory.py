@@ -1,11 +1,14 @@
-"""``AIRFLOW_BATCH_VLLM_ENGINE_FACTORY``: a worker selects another engine build by setting, not by code."""
+"""``[llm_batch] vllm_engine_factory``: a worker selects another engine build by setting, not by code."""
 
 from __future__ import annotations
 
 import pytest
 
+from airflow_batch_provider import settings
 from airflow_batch_provider.hooks import vllm_engine
-from airflow_batch_provider.hooks.vllm_engine import ENGINE_FACTORY_ENV, EngineUnavailableError
+from airflow_batch_provider.hooks.vllm_engine import EngineUnavailableError
+
+ENGINE_FACTORY_ENV = settings.env_var("vllm_engine_factory")
 
 
 @pytest.mark.vllm_classes
@@ -26,5 +29,5 @@ def test_the_configured_factory_builds_the_engine(monkeypatch: pytest.MonkeyPatc
 )
 def test_a_bad_factory_setting_is_named(monkeypatch: pytest.MonkeyPatch, value: str, message: str) -> None:
     monkeypatch.setenv(ENGINE_FACTORY_ENV, value)
-    with pytest.raises(EngineUnavailableError, match=f"{ENGINE_FACTORY_ENV}=.*{message}"):
+    with pytest.raises(EngineUnavailableError, match=rf"\[llm_batch\] vllm_engine_factory=.*{message}"):
         vllm_engine.create_engine(model="m")

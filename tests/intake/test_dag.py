@@ -24,7 +24,7 @@ pytestmark = pytest.mark.stream
 def stream_env(openai_conn, tmp_path, monkeypatch, airflow_db):
     db = str(tmp_path / "results.sqlite")
     create_logged_table(db, "stream_results")  # a duplicate write shows in writes(db), never in the keyed rows
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     monkeypatch.setenv("AIRFLOW_CONN_STREAM_RESULTS_DB", json.dumps({"conn_type": "sqlite", "host": db}))
     server = {"conn_type": "openai_compatible", "host": openai_conn.openai_base_url}
     monkeypatch.setenv("AIRFLOW_CONN_OPENAI_COMPATIBLE_DEFAULT", json.dumps(server))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,7 +69,7 @@ def test_execute_writes_chunks_and_returns_descriptors(tmp_path: Path) -> None:
 
 
 def test_default_job_dir_comes_from_the_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "work"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "work"))
     op = _operator(source=_table(tmp_path, 3), provider="anthropic", request_params={"max_tokens": 10})
     context = {"run_id": "manual__2026-01-01T00:00:00+00:00", "ti": SimpleNamespace(map_index=-1)}
     descriptors = op.execute(context)  # type: ignore[arg-type]
@@ -80,12 +81,13 @@ def test_default_job_dir_comes_from_the_context(tmp_path: Path, monkeypatch: pyt
     assert mapped == str(tmp_path / "work" / "product_tags" / run_folder_name("r") / "chunk-4")
 
 
-def test_default_work_dir_falls_back_to_airflow_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("AIRFLOW_BATCH_WORK_DIR", raising=False)
-    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
+def test_default_work_dir_falls_back_to_airflow_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    # [llm_batch] work_dir's declared default, {AIRFLOW_HOME}/batch_jobs (tests/conftest.py sets AIRFLOW_HOME).
+    monkeypatch.delenv("AIRFLOW__LLM_BATCH__WORK_DIR", raising=False)
     op = _operator()
     job_dir = op.resolve_job_dir({"dag_run": SimpleNamespace(run_id="scheduled__x")})  # type: ignore[arg-type]
-    assert job_dir == str(tmp_path / "home" / "batch_jobs" / "product_tags" / run_folder_name("scheduled__x") / "chunk")
+    home = Path(os.environ["AIRFLOW_HOME"])
+    assert job_dir == str(home / "batch_jobs" / "product_tags" / run_folder_name("scheduled__x") / "chunk")
 
 
 def test_bad_input_fails_in_execute_and_leaves_nothing(tmp_path: Path) -> None:
@@ -121,7 +123,7 @@ def test_template_fields_exclude_the_prompt_template() -> None:
     op = _operator(model="{{ params.model }}", system_prompt="{{ params.system }}")
     assert set(op.template_fields) == {
         "source", "job_dir", "model", "provider", "system_prompt", "id_column", "max_cost_usd", "previous_output",
-        "chunk_size",
+        "chunk_size", "conn_id",
     }  # fmt: skip
     assert "prompt_template" not in op.template_fields
     assert op.prompt_template == PROMPT
@@ -142,7 +144,7 @@ def test_a_templated_chunk_size_is_checked_once_rendered(tmp_path: Path) -> None
 
 def test_run_ids_that_clean_to_one_name_get_their_own_job_folders(tmp_path, monkeypatch) -> None:
     """``a:b``, ``a+b``, ``a~b``, ``a/b`` and ``a_b`` are five runs: five folders, each still readable."""
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path))
     op = _operator()
     run_ids = ["a:b", "a+b", "a~b", "a/b", "a_b"]
     folders = [op.resolve_job_dir({"run_id": r, "ti": SimpleNamespace(map_index=-1)}) for r in run_ids]  # type: ignore[arg-type]

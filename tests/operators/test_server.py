@@ -240,7 +240,7 @@ def test_example_dag_server_mode_end_to_end(airflow_db, server_conn, tmp_path, m
     from airflow_batch_emulator.examples import synthetic_products
     from tests.conftest import REPO_ROOT
 
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["self_hosted_vllm"]
     out = tmp_path / "out"
     run = dag.test(run_conf={"mode": "server", "rows": 400, "data_dir": str(tmp_path / "data"), "output_dir": str(out)})

@@ -472,7 +472,7 @@ def test_example_dag_vllm_mode_end_to_end(airflow_db, engine, tmp_path, monkeypa
 
     from tests.conftest import REPO_ROOT
 
-    monkeypatch.setenv("AIRFLOW_BATCH_WORK_DIR", str(tmp_path / "jobs"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__WORK_DIR", str(tmp_path / "jobs"))
     dag = DagBag(dag_folder=str(REPO_ROOT / "dags")).dags["self_hosted_vllm"]
     assert dag.get_task("vllm_generate").queue == "gpu"
     out = tmp_path / "out"

@@ -85,7 +85,7 @@ class Deployment:
         # Start from a clean slate: the pytest process carries its own AIRFLOW__* settings (unit-test
         # mode, a SQLite DB) that must not leak into a real deployment.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_"))}
-        for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AIRFLOW_BATCH_WORK_DIR", "BATCH_DEMO_DATA_DIR"):
+        for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "BATCH_DEMO_DATA_DIR"):
             env.pop(key, None)
         env.update(
             {
@@ -114,7 +114,7 @@ class Deployment:
                 "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "2",
                 "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
                 "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
-                "AIRFLOW_BATCH_WORK_DIR": str(self.root / "jobs"),
+                "AIRFLOW__LLM_BATCH__WORK_DIR": str(self.root / "jobs"),
                 # Metrics as a deployment sends them, to a listener the tests read (self.statsd).
                 "AIRFLOW__METRICS__STATSD_ON": "True",
                 "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
@@ -123,8 +123,8 @@ class Deployment:
                 "AIRFLOW__METRICS__METRICS_ALLOW_LIST": "llm_batch",
             }
         )
-        # The sensor defers unless the deployment explicitly says otherwise: leave it unset.
-        env.pop("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", None)
+        # Waits defer, as docs/configuration.md advises a deployment: Airflow's own switch, which the sensor follows.
+        env["AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE"] = "True"
         return env
 
     def airflow(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:

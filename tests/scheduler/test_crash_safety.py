@@ -428,8 +428,8 @@ def test_kill_triggerer_while_deferred(
     it deferred, and the wait runs as a trigger inside the triggerer. "Killed while deferred" is
     therefore a triggerer crash. It must not cancel the batch (the trigger's ``on_kill`` is only
     for a user acting on the task) nor resubmit it, and the sensor resumes without a retry.
-    The deployment leaves ``AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE`` unset, as users do, so this
-    is also the test that the sensor defers by default.
+    The deployment turns Airflow's ``[operators] default_deferrable`` on and the DAG passes no
+    ``deferrable``, so this is also the test that the sensor follows that setting in a real deployment.
     """
     undisturbed = _reference(request, backend)
     triggerer = deployment.components["triggerer"]

@@ -30,7 +30,7 @@ class ViewServer(Deployment):
     def __init__(self, root: Path, database: str) -> None:
         super().__init__(root, REPO_ROOT / "dags", database)
         self.report_root = root / "reports"
-        self.env["AIRFLOW_BATCH_REPORT_DIR"] = str(self.report_root)
+        self.env["AIRFLOW__LLM_BATCH__REPORT_DIR"] = str(self.report_root)
 
     def start_emulator(self, *extra: str) -> None:
         """Nothing to start: no batch runs here."""

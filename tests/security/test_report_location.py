@@ -11,19 +11,21 @@ from pathlib import Path
 
 import pytest
 
+from airflow_batch_provider import settings
 from airflow_batch_provider.report.html import write_run_report
-from airflow_batch_provider.report.location import REPORT_DIR_ENV, published_report, report_root
+from airflow_batch_provider.report.location import published_report
 
 pytestmark = pytest.mark.security
 
 
 def test_the_merge_publishes_its_report_under_the_configured_root(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv(REPORT_DIR_ENV, str(tmp_path / "reports"))
+    monkeypatch.setenv("AIRFLOW__LLM_BATCH__REPORT_DIR", str(tmp_path / "reports"))
     summary = {"output": str(tmp_path / "out"), "statuses": {"succeeded": 1}, "succeeded": 1, "rows": 1}
     path = write_run_report(str(tmp_path / "out"), summary, [], "dag / run", ("dag", "scheduled__2026", "merge"))
     published = published_report("dag", "scheduled__2026", "merge")
     assert published.read_bytes() == Path(path).read_bytes()
-    assert report_root() == str(tmp_path / "reports")
+    assert settings.report_dir() == str(tmp_path / "reports")
+    assert published.is_relative_to(tmp_path / "reports")
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,6 @@ from airflow_batch_provider.exceptions import (
 )
 from airflow_batch_provider.progress import PROGRESS_KEY, progress_base
 from airflow_batch_provider.sensors.batch import BatchCompleteSensor
-from airflow_batch_provider.sensors.deferral import default_deferrable
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.triggers.batch import BatchCompleteTrigger
 from tests.conftest import wait_terminal
@@ -160,11 +159,21 @@ def test_timeout_event_cancels_and_raises(openai_conn, openai_hook, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("env_value", "expected"), [(None, True), ("false", False), ("True", True)], ids=["unset", "off", "on"]
+    ("setting", "argument", "expected"),
+    [
+        (None, None, False),  # Airflow's own default: poke
+        ("False", None, False),
+        ("True", None, True),
+        ("True", False, False),  # the task's argument wins over the deployment's setting
+        ("False", True, True),
+    ],
+    ids=["airflow-default", "off", "on", "task-says-poke", "task-says-defer"],
 )
-def test_default_deferrable_honours_an_explicit_setting(monkeypatch, env_value, expected):
-    if env_value is None:
+def test_deferral_follows_airflows_default_deferrable_unless_the_task_says(monkeypatch, setting, argument, expected):
+    if setting is None:
         monkeypatch.delenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", raising=False)
     else:
-        monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", env_value)
-    assert default_deferrable() is expected
+        monkeypatch.setenv("AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE", setting)
+    submitted = {"batch_id": "b", "provider": "openai", "chunk_index": 0, "label": "chunk 1/1"}
+    kwargs = {} if argument is None else {"deferrable": argument}
+    assert _sensor(submitted, **kwargs).deferrable is expected

@@ -7,8 +7,7 @@ import pyarrow as pa
 import pytest
 
 from airflow_batch_provider.chunking.arrow_text import json_escape
-from airflow_batch_provider.chunking.requests import renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.cost.tokens import count_request_tokens
 from airflow_batch_provider.exceptions import InvalidInputError
 from tests.backends.gemini.conftest import MODEL, SCHEMA
@@ -81,7 +80,7 @@ def test_token_count_reads_gemini_lines():
 def test_gemini_batch_prices_are_half_the_list_price():
     from airflow_batch_provider.cost.pricing import load_pricing
 
-    price = load_pricing(use_env=False).lookup("gemini-2.5-flash")
+    price = load_pricing(use_settings=False).lookup("gemini-2.5-flash")
     assert (price.provider, price.input_per_mtok, price.output_per_mtok) == ("gemini", 0.30, 2.50)
     assert (price.batch_input_per_mtok, price.batch_output_per_mtok) == pytest.approx((0.15, 1.25))
     assert price.cost(1_000_000, 100_000) == pytest.approx(0.15 + 0.125)
