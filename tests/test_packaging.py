@@ -61,6 +61,27 @@ def test_provider_wheel_holds_no_emulator_no_demo_data_and_no_pytest_plugin(prov
     assert groups == {"[airflow.plugins]", "[apache_airflow_provider]", "[airflow_batch_provider.backends]"}, groups
 
 
+@pytest.mark.scenario
+def test_the_core_install_pulls_no_provider_sdk(provider_wheel):
+    """Each SDK comes with its backend's extra only (docs/configuration.md); [all] is every extra but [vllm]."""
+    from packaging.requirements import Requirement
+
+    (metadata,) = (n for n in provider_wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    lines = provider_wheel.read(metadata).decode().splitlines()
+    requires = [Requirement(line.split(":", 1)[1]) for line in lines if line.startswith("Requires-Dist:")]
+
+    def pulled(extra: str) -> set[str]:  # "": the core install
+        return {r.name for r in requires if r.marker is None or r.marker.evaluate({"extra": extra})}
+
+    assert not pulled("") & {"openai", "anthropic", "boto3", "google-genai", "vllm"}, pulled("")
+    sdk_of = {"openai": "openai", "anthropic": "anthropic", "bedrock": "boto3", "gemini": "google-genai"}
+    for extra, sdk in sdk_of.items():
+        assert sdk in pulled(extra), (extra, pulled(extra))
+    (everything,) = (r for r in requires if r.marker is not None and r.marker.evaluate({"extra": "all"}))
+    assert everything.name == "airflow-batch-provider" and "vllm" not in everything.extras
+    assert {"openai", "anthropic", "bedrock", "gemini", "kafka"} <= everything.extras
+
+
 def test_no_installed_distribution_registers_a_pytest_plugin_of_ours():
     from importlib.metadata import entry_points
 

@@ -9,12 +9,18 @@ The three built-in backends register the same way (this package's pyproject.toml
 lazy and per name: :func:`get_backend` imports one backend's import-light module, never another's,
 and no SDK (see :mod:`.base`). :func:`all_backends` loads every backend's module, for what needs
 all of them at once (the built-in price table, guessing a model's provider, connection types).
+
+SDKs are optional extras (``pip install 'airflow-batch-provider[anthropic]'``): a backend is
+listed, priced and renders chunk files without its SDK, and :func:`require_sdk` (called wherever
+a hook is built, :mod:`airflow_batch_provider.hooks.registry`) turns a missing one into
+``AirflowOptionalProviderFeatureException`` naming what to install, before anything is uploaded.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 from importlib.metadata import entry_points
 
 from airflow_batch_provider.backends.base import Backend
@@ -62,6 +68,33 @@ def get_backend(name: str) -> Backend:
     if backend_class.name != name:
         raise TypeError(f"Backend {target!r} is registered as {name!r} but calls itself {backend_class.name!r}")
     return backend_class()
+
+
+def sdk_installed(backend: Backend) -> bool:
+    """Return True when ``backend`` needs no SDK or its SDK can be imported (nothing is imported)."""
+    return backend.sdk_module is None or module_available(backend.sdk_module)
+
+
+def require_sdk(backend: Backend) -> Backend:
+    """Return ``backend`` when its SDK can be imported; else raise AirflowOptionalProviderFeatureException."""
+    if sdk_installed(backend):
+        return backend
+    module = backend.sdk_module
+    from airflow.sdk.exceptions import AirflowOptionalProviderFeatureException  # imports Airflow: see .base
+
+    raise AirflowOptionalProviderFeatureException(
+        f"The {backend.name!r} backend needs the {module!r} package, which is not installed: "
+        f"pip install '{backend.sdk_requirement or module}' on every machine that runs its tasks "
+        "(workers and triggerer)."
+    )
+
+
+def module_available(module: str) -> bool:
+    """Return True when ``module`` can be imported here, without importing it (its parent packages are)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a missing parent package ("google" of "google.genai")
+        return False
 
 
 def find_backend(name: str) -> Backend | None:

@@ -29,9 +29,17 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-import openai
 from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowOptionalProviderFeatureException
 from airflow.sdk.log import mask_secret
+
+try:
+    import openai
+except ModuleNotFoundError as missing:  # ServerGenerateOperator and the streaming intake name the extra
+    raise AirflowOptionalProviderFeatureException(
+        "Talking to an OpenAI-compatible server needs the 'openai' package, which is not installed: "
+        "pip install 'airflow-batch-provider[openai]'."
+    ) from missing
 
 from airflow_batch_provider.backends.openai.states import classify_openai_error
 from airflow_batch_provider.exceptions import ProviderCallError
@@ -273,8 +281,13 @@ class OpenAICompatibleHook(BaseHook):
                 new_client(openai.AsyncOpenAI, client_kwargs, asynchronous=True) as client,
                 asyncio.TaskGroup() as group,
             ):
-                for request in requests:
+                pending = iter(requests)
+                while True:
+                    # A slot first, then the next request: a lazy ``requests`` decides at send time.
                     await semaphore.acquire()  # bounds both requests in flight and tasks alive
+                    request = next(pending, None)
+                    if request is None:
+                        break
                     group.create_task(one(client, request))
         except BaseExceptionGroup as errors:
             # Request failures never get here (they become error lines); what does — an unreadable

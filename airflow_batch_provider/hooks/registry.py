@@ -5,7 +5,9 @@ and the trigger turn that name into a hook here. Batch backends are found throug
 ``airflow_batch_provider.backends`` entry-point group
 (:mod:`airflow_batch_provider.backends.registry`); the self-hosted runs (vLLM in the worker, an
 OpenAI-compatible server) write their results as local files and have a hook but no backend, so
-they are listed here. Either way a hook's module is imported only when its provider is used.
+they are listed here. Either way a hook's module is imported only when its provider is used, and
+a backend whose SDK is not installed fails here with AirflowOptionalProviderFeatureException
+naming the extra to install.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from airflow_batch_provider.backends.registry import backend_names, get_backend
+from airflow_batch_provider.backends.registry import backend_names, get_backend, require_sdk
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.hooks.base import BatchHook
 
@@ -36,9 +38,9 @@ def hook_class_for(provider: str) -> type[BatchHook]:
         if provider not in backend_names():
             raise InvalidInputError(
                 f"Unknown provider {provider!r}; choose one of {provider_names()} "
-                "(see the README's 'Adding a backend' to add one)."
+                "(docs/contributing.md, 'Adding a backend', says how to add one)."
             )
-        return get_backend(provider).hook_class()
+        return require_sdk(get_backend(provider)).hook_class()
     module_name, _, class_name = target.partition(":")
     hook_class = getattr(importlib.import_module(module_name), class_name)
     if not (isinstance(hook_class, type) and issubclass(hook_class, BatchHook)):
