@@ -28,7 +28,7 @@ from airflow_batch_provider.chunking.limits import ProviderLimits
 
 if TYPE_CHECKING:
     from airflow_batch_provider.chunking.requests import RequestRenderer
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import ModelKind, SpecFields
     from airflow_batch_provider.descriptors import ResultRecord
     from airflow_batch_provider.hooks.base import BatchHook
 
@@ -62,10 +62,12 @@ class Backend(ABC):
 
     Class attributes every backend sets: ``name`` (the provider name chunk descriptors carry and
     the entry point's name), ``title``, ``limits``, ``endpoints`` (the first is the default),
-    ``hook_class_path`` (``"module:Class"``), ``connection_type``. Optional ones: ``model_prefixes``
-    (to guess a model's backend), ``prices`` (model → USD per 1M input and output tokens at
-    real-time list prices), ``batch_discount``, ``prices_source``, ``console_hosts``,
-    ``console_template`` and ``chat_format_tokens``.
+    ``hook_class_path`` (``"module:Class"``), ``connection_type``, ``default_model`` (what a job
+    that names no model uses, e.g. the example DAGs; priced in ``prices``). Optional ones:
+    ``model_prefixes`` (to guess a model's backend), ``prices`` (model → USD per 1M input and output
+    tokens at real-time list prices), ``batch_discount``, ``prices_source``, ``console_hosts``,
+    ``console_template``, ``chat_format_tokens``, ``sdk_module`` / ``sdk_requirement``, and what
+    the stages ask about the provider's answers: ``retryable_line_errors``, ``capacity_refusal_codes``.
     """
 
     name: ClassVar[str]
@@ -74,15 +76,33 @@ class Backend(ABC):
     endpoints: ClassVar[tuple[str, ...]]
     hook_class_path: ClassVar[str]
     connection_type: ClassVar[str]
+    default_model: ClassVar[str]
     model_prefixes: ClassVar[tuple[str, ...]] = ()
     prices: ClassVar[Mapping[str, tuple[float, float]]] = {}
     batch_discount: ClassVar[float] = 0.5
     prices_source: ClassVar[str] = ""
+    #: Prompt-cache (read, write) prices as multiples of the input price, batch discount applied on top;
+    #: (1, 1) where the backend prices no cache. See docs/cost.md, "Prompt caching".
+    cache_price_multipliers: ClassVar[tuple[float, float]] = (1.0, 1.0)
     #: API hosts whose batches the provider's console shows, and the URL of one batch there.
     console_hosts: ClassVar[tuple[str, ...]] = ()
     console_template: ClassVar[str | None] = None
     #: Tokens a chat request's format adds: per message, and to prime the reply (OpenAI's by default).
     chat_format_tokens: ClassVar[tuple[int, int]] = (4, 3)
+    #: The SDK the hook imports (a module an install may lack; None: none) and the pip requirement
+    #: that installs it. Without it, getting the hook raises AirflowOptionalProviderFeatureException
+    #: naming the requirement (:func:`airflow_batch_provider.backends.registry.require_sdk`).
+    sdk_module: ClassVar[str | None] = None
+    sdk_requirement: ClassVar[str] = ""
+    #: Result-line ``error_code`` values that mean "send it again": the provider never really answered
+    #: (server error, overload, rate limit, timeout, the batch's expiry). A line with an HTTP status is
+    #: judged by the status (408/409/429/5xx); any other code is final. A code any backend lists counts
+    #: (:func:`airflow_batch_provider.batches.line_retry.retryable_codes`: merged rows carry no provider).
+    retryable_line_errors: ClassVar[frozenset[str]] = frozenset()
+    #: Batch ``errors[].code`` values with which the provider refuses a whole batch for its enqueued-token
+    #: cap: a batch that failed with these alone is waited out and submitted again
+    #: (:func:`airflow_batch_provider.batches.token_budget.is_token_limit_refusal`). Empty: no such cap.
+    capacity_refusal_codes: ClassVar[frozenset[str]] = frozenset()
 
     # -- chunk time: requests ----------------------------------------------------------------------
     @property
@@ -91,7 +111,7 @@ class Backend(ABC):
         return self.endpoints[0]
 
     @abstractmethod
-    def check_params(self, spec: RequestSpec) -> None:
+    def check_params(self, spec: SpecFields) -> None:
         """Raise InvalidInputError when ``spec.params`` (or the schema) cannot be sent to this provider.
 
         Runs on :class:`~airflow_batch_provider.chunking.spec.RequestSpec` construction, before any
@@ -100,7 +120,7 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def renderer(self, spec: RequestSpec) -> RequestRenderer:
+    def renderer(self, spec: SpecFields) -> RequestRenderer:
         """Return the renderer writing this provider's JSONL request lines for ``spec``."""
 
     # -- results --------------------------------------------------------------------------------------
@@ -135,6 +155,15 @@ class Backend(ABC):
             "connection-type": self.connection_type,
         }
 
+    def model_kind(self, model: str) -> ModelKind | None:
+        """Return ``"chat"`` or ``"embedding"`` when ``model``'s name says which it is, else None (no check).
+
+        The spec refuses a chat model on ``/v1/embeddings`` and an embedding model elsewhere
+        (:func:`~airflow_batch_provider.chunking.validation.check_model_endpoint`); a name no
+        backend knows is sent as it is (self-hosted models, aliases, deployments).
+        """
+        return None
+
     # -- cost ---------------------------------------------------------------------------------------
     def owns_model(self, model: str) -> bool:
         """Return True when ``model``'s name says it is this provider's (for tokens and price files)."""
@@ -154,8 +183,10 @@ class Backend(ABC):
 
         A connection pointed elsewhere (the emulator, a proxy) made a batch the console never saw.
         """
+        from airflow_batch_provider.backends.console import fill_console_template
+
         parts = urlsplit(base_url or "")
         hosts = self.console_hosts
-        if not batch_id or not self.console_template or parts.scheme != "https":
+        if not self.console_template or parts.scheme != "https" or (parts.hostname or "").lower() not in hosts:
             return None
-        return self.console_template.format(batch_id=batch_id) if (parts.hostname or "").lower() in hosts else None
+        return fill_console_template(self.console_template, batch_id=batch_id)  # None for an id of another shape

@@ -45,8 +45,8 @@ from airflow_batch_provider.chunking.incremental import (
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.chunking.min_records import needs_rebalance, rebalance_tail
 from airflow_batch_provider.chunking.problems import RowProblems
-from airflow_batch_provider.chunking.requests import RenderedRequests, RequestRenderer, renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec
+from airflow_batch_provider.chunking.requests import RenderedRequests, RequestRenderer
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.chunking.staging import (
     chunk_descriptors,
     publish,

@@ -27,7 +27,7 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from airflow_batch_provider.chunking.problems import RowProblems
     from airflow_batch_provider.chunking.requests import RenderedRequests
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import SpecFields
     from airflow_batch_provider.cost.tokens import TokenCounter
 
 # (model name pattern, context window in tokens): the first full match wins. Fine-tunes (``ft:``) and
@@ -68,7 +68,7 @@ class ContextCheck:
     _counter: TokenCounter | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def for_spec(cls, spec: RequestSpec) -> ContextCheck | None:
+    def for_spec(cls, spec: SpecFields) -> ContextCheck | None:
         """Return the check for ``spec``'s model, or None when its window is not known."""
         window = context_window(spec.model)
         if window is None:

@@ -3,7 +3,8 @@
 A :class:`RequestSpec` says what to ask (provider, endpoint, model, system prompt, sampling
 parameters, optional structured-output schema). Its provider's backend checks the parameters
 (:meth:`~airflow_batch_provider.backends.base.Backend.check_params`) and renders it into the
-provider's wire format (:mod:`airflow_batch_provider.chunking.requests`).
+provider's wire format (:func:`renderer_for`). Backends read it through
+:class:`~airflow_batch_provider.contract.SpecFields`, so the backend contract never imports this module.
 """
 
 from __future__ import annotations
@@ -12,18 +13,18 @@ import copy
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from airflow_batch_provider.backends.registry import get_backend
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.chunking.validation import check_model_endpoint
+from airflow_batch_provider.contract import COMPLETIONS, EMBEDDINGS
 from airflow_batch_provider.exceptions import InvalidInputError
 
-CHAT_COMPLETIONS = "/v1/chat/completions"
-EMBEDDINGS = "/v1/embeddings"
-COMPLETIONS = "/v1/completions"
+if TYPE_CHECKING:
+    from airflow_batch_provider.chunking.requests import RequestRenderer
 
 _SCHEMA_NAME_BAD_CHARS = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -54,15 +55,20 @@ class RequestSpec:
     :attr:`json_schema` and :attr:`schema_name`. Invalid combinations raise InvalidInputError
     on construction, including a model whose name says it cannot serve the endpoint (an
     embedding model on chat, a chat model on embeddings; see
-    :func:`~airflow_batch_provider.chunking.validation.check_model_endpoint`).
+    :func:`~airflow_batch_provider.chunking.validation.check_model_endpoint`). ``endpoint`` is
+    one of the backend's ``endpoints``; left out (or empty) it is set to the backend's first.
+    ``prompt_caching`` (default True) lets the backend mark the shared prefix (system prompt and
+    schema) for the provider's prompt cache when it is long enough; a TTL string ("5m", "1h") sets
+    Anthropic's cache lifetime; False sends every request without (see docs/cost.md).
     """
 
     provider: str
     model: str
-    endpoint: str | None = None
+    endpoint: str = ""
     system_prompt: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     response_schema: Mapping[str, Any] | type[Any] | None = None
+    prompt_caching: bool | str = True
     json_schema: dict[str, Any] | None = field(init=False, default=None, compare=False)
     schema_name: str | None = field(init=False, default=None, compare=False)
     schema_from_model: bool = field(init=False, default=False, compare=False)
@@ -77,6 +83,7 @@ class RequestSpec:
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
             raise InvalidInputError(f"system_prompt must be a string or None, got {type(self.system_prompt).__name__}.")
         object.__setattr__(self, "params", _copy_params(self.params))
+        check_prompt_caching(self.prompt_caching)
         if self.system_prompt is not None and endpoint in (EMBEDDINGS, COMPLETIONS):
             raise InvalidInputError(
                 f"The {endpoint} endpoint takes no system prompt; put the instructions into the prompt template."
@@ -95,6 +102,23 @@ class RequestSpec:
     def limits(self) -> ProviderLimits:
         """Return the provider's batch limits."""
         return get_backend(self.provider).limits
+
+
+CACHE_TTLS = ("5m", "1h")
+
+
+def check_prompt_caching(value: Any) -> None:
+    """Raise InvalidInputError unless ``value`` is True, False or a cache TTL (Anthropic's "5m" or "1h")."""
+    if not isinstance(value, bool) and value not in CACHE_TTLS:
+        raise InvalidInputError(
+            f"prompt_caching must be True (cache the shared prefix where it pays), False (never), or an "
+            f"Anthropic cache TTL {' or '.join(map(repr, CACHE_TTLS))}; got {value!r}."
+        )
+
+
+def renderer_for(spec: RequestSpec) -> RequestRenderer:
+    """Return the renderer of ``spec``'s provider (its backend's, see :mod:`airflow_batch_provider.backends`)."""
+    return get_backend(spec.provider).renderer(spec)
 
 
 def _copy_params(params: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -11,13 +11,13 @@ model at fault and what to do, before anything is written or uploaded.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
+from airflow_batch_provider.backends.registry import all_backends
 from airflow_batch_provider.exceptions import InvalidInputError
 
 if TYPE_CHECKING:
@@ -26,9 +26,6 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------------------ model vs endpoint
 
 _EMBEDDINGS = "/v1/embeddings"
-# Names of chat (text-generation) model families that have no embeddings, with an optional
-# fine-tune prefix: gpt-4o-mini, chatgpt-4o-latest, o1, o3-mini, o4-mini, claude-haiku-4-5, ft:gpt-4o:...
-_CHAT_MODEL = re.compile(r"^(?:ft:)?(?:gpt-|chatgpt-|o\d+(?:-|:|$)|claude-)", re.IGNORECASE)
 
 
 def check_model_endpoint(model: str, endpoint: str) -> None:
@@ -37,23 +34,27 @@ def check_model_endpoint(model: str, endpoint: str) -> None:
     The rule is deliberately small, so no working setup is refused:
 
     - a name containing ``embed`` (``text-embedding-3-small``, ``nomic-embed-text``,
-      ``Qwen3-Embedding-8B``) is an embedding model: refused on every endpoint but ``/v1/embeddings``;
-    - a name of a known chat family (``gpt-*``, ``chatgpt-*``, ``o1``/``o3-*``/``o4-*``,
-      ``claude-*``, optionally behind ``ft:``) that does not contain ``embed`` is refused on
-      ``/v1/embeddings``.
+      ``Qwen3-Embedding-8B``), or one a backend calls an embedding model, is an embedding model:
+      refused on every endpoint but ``/v1/embeddings``;
+    - a name some installed backend calls a chat model
+      (:meth:`~airflow_batch_provider.backends.base.Backend.model_kind`: OpenAI's ``gpt-*``,
+      ``chatgpt-*``, ``o1``/``o3-*``/``o4-*``, Anthropic's ``claude-*``, optionally behind ``ft:``)
+      that does not contain ``embed`` is refused on ``/v1/embeddings``. Any backend's word counts:
+      a Claude model is a chat model on an OpenAI-compatible endpoint too.
 
     Any other name (self-hosted models, fine-tunes, aliases) is accepted on every endpoint.
     """
-    is_embedding = "embed" in model.lower()
+    kinds = {backend.model_kind(model) for backend in all_backends()}
+    is_embedding = "embed" in model.lower() or "embedding" in kinds
     if endpoint == _EMBEDDINGS:
-        if not is_embedding and _CHAT_MODEL.match(model):
+        if not is_embedding and "chat" in kinds:
             raise InvalidInputError(
                 f"Model {model!r} is a chat model and cannot serve {_EMBEDDINGS}. Use an embedding model "
                 "(e.g. 'text-embedding-3-small'), or endpoint='/v1/chat/completions' for chat requests."
             )
     elif is_embedding:
         raise InvalidInputError(
-            f"Model {model!r} is an embedding model (its name contains 'embed') and cannot serve {endpoint}. "
+            f"Model {model!r} is an embedding model (by its name) and cannot serve {endpoint}. "
             f"Use endpoint={_EMBEDDINGS!r} (provider 'openai') to compute embeddings, or a chat model "
             f"(e.g. 'gpt-4o-mini') for {endpoint}."
         )

@@ -11,7 +11,7 @@ the request itself is wrong) are written as ``errored`` rows, as a batch would.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -19,8 +19,7 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
-from airflow_batch_provider.chunking.requests import renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.hooks.openai_compatible import OpenAICompatibleHook, ServerRequest
 from airflow_batch_provider.intake.aggregator import Group
 from airflow_batch_provider.intake.messages import IntakeRequest
@@ -105,18 +104,25 @@ class ServerGroupHandler:
         max_concurrency: int | None = None,
         flush: Callable[[pa.Table], object] | None = None,
         flush_every: int = 1,
+        keep: Callable[[IntakeRequest], bool] | None = None,
     ) -> GroupAnswer:
         """Send the group's requests; return the rows to write and the requests to try again later.
 
         With ``flush``, answered rows are handed to it as they land, ``flush_every`` at a time,
         so a crash mid-group loses (and pays again for) only the requests not yet flushed; the
-        returned table holds the rest.
+        returned table holds the rest. ``keep`` is asked as each request is about to be sent;
+        one it refuses is skipped (neither sent nor in the answer: its claim was lost).
         """
-        requests, fingerprints = [], {}
-        for index, request in enumerate(group.requests):
-            url, body = self.body(request)
-            fingerprints[request.request_id] = self.fingerprint(request)
-            requests.append(ServerRequest(index, request.request_id, url, body, f"{group.group_id}-{index}"))
+        fingerprints: dict[str, str] = {}
+
+        def requests() -> Iterator[ServerRequest]:  # lazy: the hook takes the next one when a slot is free
+            for index, request in enumerate(group.requests):
+                if keep is not None and not keep(request):
+                    continue
+                url, body = self.body(request)
+                fingerprints[request.request_id] = self.fingerprint(request)
+                yield ServerRequest(index, request.request_id, url, body, f"{group.group_id}-{index}")
+
         pending: list[dict[str, Any]] = []
         retry: dict[str, str] = {}
 
@@ -131,7 +137,7 @@ class ServerGroupHandler:
                 pending.clear()
 
         run = self.hook.run(
-            requests, fingerprint=group.group_id, write=land, max_concurrency=max_concurrency or self.max_concurrency
+            requests(), fingerprint=group.group_id, write=land, max_concurrency=max_concurrency or self.max_concurrency
         )
         group.extra["tokens"] = run.input_tokens + run.output_tokens
         group.extra["generate_seconds"] = run.seconds

@@ -17,16 +17,20 @@ import time
 from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from airflow_batch_emulator.wire import Response, request_id
-
-if TYPE_CHECKING:
-    from airflow_batch_emulator.server import BatchEmulator
 
 log = logging.getLogger("airflow_batch_emulator")
 
 PIECE = 1024 * 1024
+
+
+class Dispatcher(Protocol):
+    """What answers the requests (the emulator: typed here so that this module need not import it)."""
+
+    def dispatch(self, handler: Handler) -> None:
+        """Answer one request on ``handler``."""
 
 
 class HttpServer(ThreadingHTTPServer):
@@ -35,7 +39,7 @@ class HttpServer(ThreadingHTTPServer):
     request_queue_size = 128
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], emulator: BatchEmulator) -> None:
+    def __init__(self, address: tuple[str, int], emulator: Dispatcher) -> None:
         self.emulator = emulator
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()

@@ -38,6 +38,7 @@ def _chunk_only(source: Path, job_dir: Path, **kwargs: Any) -> list[dict[str, An
         "model": "gpt-4o-mini",
         "id_column": "id",
         "job_dir": str(job_dir),
+        "canary_rows": 0,  # input checks only: the canary has its tests in tests/batches/test_canary.py
         **kwargs,
     }
     return list(ChunkOperator(**args).execute(make_context()))

@@ -10,7 +10,7 @@ import pytest
 from airflow_batch_provider.backends.bedrock import BEDROCK_LIMITS
 from airflow_batch_provider.backends.bedrock.bodies import ANTHROPIC_VERSION, to_record_line
 from airflow_batch_provider.chunking.chunks import build_chunks
-from airflow_batch_provider.chunking.requests import RequestSpec, renderer_for
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.cost.tokens import request_parts
 from airflow_batch_provider.exceptions import InvalidInputError
 from tests.chunking.reference import render

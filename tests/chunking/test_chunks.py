@@ -18,8 +18,7 @@ import pytest
 from airflow_batch_provider.chunking import writer
 from airflow_batch_provider.chunking.chunks import build_chunks, check_map_length
 from airflow_batch_provider.chunking.ids import derive_custom_id
-from airflow_batch_provider.chunking.requests import renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.descriptors import ChunkDescriptor
 from airflow_batch_provider.exceptions import ChunkLimitError, InvalidInputError
 from airflow_batch_provider.job_folder import CHUNKS_DIR, MANIFEST_NAME

@@ -13,8 +13,7 @@ import pytest
 from airflow_batch_provider.backends.anthropic.requests import AnthropicRenderer
 from airflow_batch_provider.backends.openai.requests import OpenAIRenderer
 from airflow_batch_provider.chunking.arrow_text import json_strings
-from airflow_batch_provider.chunking.requests import renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec, strict_json_schema
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for, strict_json_schema
 from airflow_batch_provider.exceptions import InvalidInputError
 from tests.chunking.reference import fingerprint, render, render_arrays, render_many, request_fingerprint
 

@@ -12,7 +12,7 @@ import pytest
 from airflow_batch_provider.backends.bedrock.common import STATUS_MAP, map_bedrock_status
 from airflow_batch_provider.batches.line_retry import is_retryable
 from airflow_batch_provider.chunking.chunks import build_chunks
-from airflow_batch_provider.chunking.requests import RequestSpec
+from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.exceptions import InvalidInputError, UnknownBatchStatusError
 from airflow_batch_provider.status import BatchStatus
 from airflow_batch_provider.utils.retry import RetryPolicy

@@ -17,7 +17,7 @@ from airflow_batch_provider.chunking.limits import MB, ProviderLimits
 
 if TYPE_CHECKING:
     from airflow_batch_provider.chunking.requests import RequestRenderer
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import SpecFields
     from airflow_batch_provider.descriptors import ResultRecord
 
 # Amazon Bedrock batch inference (service quotas, default values; some are adjustable per account
@@ -46,7 +46,14 @@ class BedrockBackend(Backend):
     endpoints = ("/model/invoke",)  # batch jobs of modelInvocationType InvokeModel
     hook_class_path = "airflow_batch_provider.backends.bedrock.hook:BedrockBatchHook"
     connection_type = "bedrock_batch"
+    sdk_module = "boto3"
+    sdk_requirement = "airflow-batch-provider[bedrock]"
+    default_model = "anthropic.claude-3-5-haiku-20241022-v1:0"
     model_prefixes = _MODEL_PREFIXES
+    # Filled by the hook (the region comes from the job's ARN); no console_hosts: not from a base URL.
+    console_template = (
+        "https://{region}.console.aws.amazon.com/bedrock/home?region={region}#/batch-inference/{batch_id}"
+    )
     prices_source = "Amazon Bedrock pricing (aws.amazon.com/bedrock/pricing, us-east-1)"
     # On-demand list prices by model id, USD per 1M tokens (input, output), us-east-1; batch
     # inference is 50% of them. Cross-region inference profiles (us.…, eu.…) may cost more: add
@@ -60,13 +67,13 @@ class BedrockBackend(Backend):
         "amazon.nova-pro-v1:0": (0.80, 3.20),
     }
 
-    def check_params(self, spec: RequestSpec) -> None:
+    def check_params(self, spec: SpecFields) -> None:
         """Check the model family (Claude or Nova) and the params it accepts; require ``max_tokens``."""
         from airflow_batch_provider.backends.bedrock.bodies import check_bedrock_params
 
         check_bedrock_params(spec)
 
-    def renderer(self, spec: RequestSpec) -> RequestRenderer:
+    def renderer(self, spec: SpecFields) -> RequestRenderer:
         """Return the ``{custom_id, modelInput}`` line renderer."""
         from airflow_batch_provider.backends.bedrock.requests import BedrockRenderer
 

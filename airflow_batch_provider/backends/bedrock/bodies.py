@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from airflow_batch_provider.exceptions import InvalidInputError
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import SpecFields
 
 ANTHROPIC_VERSION = "bedrock-2023-05-31"
 Family = Literal["anthropic", "nova"]
@@ -54,7 +54,7 @@ def bedrock_family(model: str) -> Family:
     )
 
 
-def check_bedrock_params(spec: RequestSpec) -> None:
+def check_bedrock_params(spec: SpecFields) -> None:
     """Raise InvalidInputError for request params the model family would reject (before any upload)."""
     family = bedrock_family(spec.model)
     params = spec.params
@@ -83,14 +83,14 @@ def _stops(stop: Any) -> list[str]:
     return [stop] if isinstance(stop, str) else list(stop)
 
 
-def _tool(spec: RequestSpec) -> tuple[str, str, dict[str, Any]] | None:
+def _tool(spec: SpecFields) -> tuple[str, str, dict[str, Any]] | None:
     if spec.json_schema is None or spec.schema_name is None:
         return None
     description = spec.json_schema.get("description") or f"Record the answer as a {spec.schema_name} object."
     return spec.schema_name, str(description), spec.json_schema
 
 
-def anthropic_body(spec: RequestSpec, text: str) -> dict[str, Any]:
+def anthropic_body(spec: SpecFields, text: str) -> dict[str, Any]:
     """Return the ``modelInput`` of an Anthropic model: a Messages body without ``model``."""
     extra = dict(spec.params)
     body: dict[str, Any] = {"anthropic_version": ANTHROPIC_VERSION, "max_tokens": extra.pop("max_tokens")}
@@ -109,7 +109,7 @@ def anthropic_body(spec: RequestSpec, text: str) -> dict[str, Any]:
     return body
 
 
-def nova_body(spec: RequestSpec, text: str) -> dict[str, Any]:
+def nova_body(spec: SpecFields, text: str) -> dict[str, Any]:
     """Return the ``modelInput`` of an Amazon Nova model (``messages-v1``)."""
     params = spec.params
     body: dict[str, Any] = {"schemaVersion": "messages-v1"}
@@ -130,7 +130,7 @@ def nova_body(spec: RequestSpec, text: str) -> dict[str, Any]:
     return body
 
 
-def model_input(spec: RequestSpec, text: str) -> dict[str, Any]:
+def model_input(spec: SpecFields, text: str) -> dict[str, Any]:
     """Return the ``modelInput`` of one request for the spec's model family."""
     return anthropic_body(spec, text) if bedrock_family(spec.model) == "anthropic" else nova_body(spec, text)
 

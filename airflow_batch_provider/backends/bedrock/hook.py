@@ -23,7 +23,7 @@ under the batch id ``ondemand/<job name>``. ``small_batches="refuse"`` raises in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from functools import cached_property
 from typing import Any, ClassVar, Literal
 
@@ -39,7 +39,12 @@ from airflow_batch_provider.backends.bedrock.common import (
     split_s3_uri,
     state_from_job,
 )
-from airflow_batch_provider.backends.bedrock.ondemand import classify_aws_error, on_demand_state, run_on_demand
+from airflow_batch_provider.backends.bedrock.ondemand import (
+    classify_aws_error,
+    invoke_record,
+    on_demand_state,
+    run_on_demand,
+)
 from airflow_batch_provider.backends.bedrock.results import parse_bedrock_record
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
@@ -141,6 +146,10 @@ class BedrockBatchHook(BatchHook):
 
     def _call(self, what: str, fn: Any) -> Any:
         return call_with_retries(fn, what=what, classify=classify_aws_error, policy=self.retry_policy)
+
+    def answer_now(self, request_lines: Sequence[bytes], *, model: str) -> list[bytes]:
+        """Answer each record with InvokeModel, as a batch under the minimum is; return job output records."""
+        return [invoke_record(self.runtime, model, orjson.loads(line), self._call) for line in request_lines]
 
     # submit -------------------------------------------------------------------------------------
 
@@ -336,9 +345,13 @@ class BedrockBatchHook(BatchHook):
         """Link to the job in the Bedrock console."""
         if batch_id.startswith(ON_DEMAND_PREFIX):
             return None
+        from airflow_batch_provider.backends.bedrock import BedrockBackend
+        from airflow_batch_provider.backends.console import fill_console_template
+
         region = batch_id.split(":")[3] if batch_id.count(":") >= 5 else "us-east-1"
         job_id = batch_id.rsplit("/", 1)[-1]
-        return f"https://{region}.console.aws.amazon.com/bedrock/home?region={region}#/batch-inference/{job_id}"
+        # None for a region or job id of another shape: "evil.example#" as the region was a link to that host.
+        return fill_console_template(BedrockBackend.console_template, region=region, batch_id=job_id)
 
 
 def _head_object(s3: Any, bucket: str, key: str) -> dict[str, Any] | None:

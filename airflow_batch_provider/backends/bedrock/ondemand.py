@@ -19,6 +19,7 @@ import orjson
 
 from airflow_batch_provider.backends.bedrock.common import split_s3_uri
 from airflow_batch_provider.descriptors import ChunkDescriptor
+from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.utils.retry import retry_after_seconds
 from airflow_batch_provider.utils.storage import to_path
@@ -54,8 +55,11 @@ def classify_aws_error(exc: BaseException) -> tuple[bool, float | None]:
     return False, None
 
 
-def _invoke(runtime: Any, model: str, record: dict[str, Any], call: Callable[[str, Any], Any]) -> bytes:
-    """Answer one record; a request the model refuses becomes an ``error`` record, as in a job."""
+def invoke_record(runtime: Any, model: str, record: dict[str, Any], call: Callable[[str, Any], Any]) -> bytes:
+    """Answer one record; a request the model refuses becomes an ``error`` record, as in a job.
+
+    Also the Bedrock hook's ``answer_now`` (the pre-flight canary).
+    """
     from botocore.exceptions import ClientError
 
     out: dict[str, Any] = {"recordId": record["custom_id"], "modelInput": record["modelInput"]}
@@ -66,9 +70,12 @@ def _invoke(runtime: Any, model: str, record: dict[str, Any], call: Callable[[st
             lambda: runtime.invoke_model(modelId=model, body=body, contentType="application/json"),
         )
         out["modelOutput"] = orjson.loads(response["body"].read())
-    except ClientError as exc:
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 500)
-        out["error"] = {"errorCode": status, "errorMessage": str(exc.response.get("Error", {}).get("Message", exc))}
+    except (ClientError, ProviderCallError) as exc:
+        refused = exc if isinstance(exc, ClientError) else exc.__cause__  # ``call`` wraps what it gave up on
+        if not isinstance(refused, ClientError):
+            raise
+        status = int(refused.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 500)
+        out["error"] = {"errorCode": status, "errorMessage": str(refused.response.get("Error", {}).get("Message", exc))}
     return orjson.dumps(out)
 
 
@@ -77,7 +84,7 @@ def run_on_demand(runtime: Any, s3: Any, chunk: ChunkDescriptor, uri: str, *, ca
     with to_path(chunk["requests_path"]).open("rb") as handle:
         records = [orjson.loads(line) for line in handle if line.strip()]
     with ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="bedrock-on-demand") as pool:
-        lines = list(pool.map(lambda r: _invoke(runtime, chunk["model"], r, call), records))
+        lines = list(pool.map(lambda r: invoke_record(runtime, chunk["model"], r, call), records))
     ok = sum(1 for line in lines if b'"modelOutput":' in line)
     bucket, prefix = split_s3_uri(uri)
     call(f"{chunk['label']}: upload of on-demand results", lambda: s3.put_object(

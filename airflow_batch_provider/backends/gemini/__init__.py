@@ -35,7 +35,7 @@ from airflow_batch_provider.chunking.limits import ProviderLimits
 
 if TYPE_CHECKING:
     from airflow_batch_provider.chunking.requests import RequestRenderer
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import SpecFields
     from airflow_batch_provider.descriptors import ResultRecord
 
 GEMINI_LIMITS = ProviderLimits(**LIMIT_FIELDS)
@@ -50,6 +50,9 @@ class GeminiBackend(Backend):
     endpoints = (GENERATE_CONTENT,)
     hook_class_path = "airflow_batch_provider.backends.gemini.hook:GeminiBatchHook"
     connection_type = str(CONNECTION_TYPE["connection-type"])
+    sdk_module = "google.genai"
+    sdk_requirement = "airflow-batch-provider[gemini]"
+    default_model = "gemini-2.5-flash"
     model_prefixes = ("gemini-",)
     prices = GEMINI_PRICES
     batch_discount = 0.5  # batch mode costs half of the list price
@@ -58,13 +61,13 @@ class GeminiBackend(Backend):
     console_template = "https://aistudio.google.com/batches/{batch_id}"
     chat_format_tokens = (0, 0)  # Gemini publishes no per-turn framing cost
 
-    def check_params(self, spec: RequestSpec) -> None:
+    def check_params(self, spec: SpecFields) -> None:
         """Refuse another provider's model, parameters Gemini does not take, and keys the renderer writes."""
         from airflow_batch_provider.backends.gemini.params import check_gemini_params
 
         check_gemini_params(spec)
 
-    def renderer(self, spec: RequestSpec) -> RequestRenderer:
+    def renderer(self, spec: SpecFields) -> RequestRenderer:
         """Return the Gemini batch line renderer."""
         from airflow_batch_provider.backends.gemini.render import GeminiRenderer
 

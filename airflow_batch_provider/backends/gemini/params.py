@@ -16,7 +16,7 @@ from airflow_batch_provider.backends.registry import backend_for_model
 from airflow_batch_provider.exceptions import InvalidInputError
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import SpecFields
 
 #: The other backends' parameter names and their generationConfig names.
 TRANSLATED = {
@@ -57,7 +57,7 @@ _RESERVED = frozenset({"model", "contents", "systemInstruction", "system", "mess
 _SCHEMA_KEYS = frozenset({"responseMimeType", "responseSchema", "responseJsonSchema"})
 
 
-def check_gemini_params(spec: RequestSpec) -> None:
+def check_gemini_params(spec: SpecFields) -> None:
     """Raise InvalidInputError for a model or ``params`` the Gemini batch API would reject (before any upload)."""
     # Another backend's model sent to Gemini would fail only when the batch runs, a day later.
     owner = backend_for_model(spec.model)
@@ -98,7 +98,7 @@ def check_gemini_params(spec: RequestSpec) -> None:
         )
 
 
-def generation_config(spec: RequestSpec) -> dict[str, Any]:
+def generation_config(spec: SpecFields) -> dict[str, Any]:
     """Return the request's ``generationConfig`` from ``spec.params`` and its response schema."""
     config: dict[str, Any] = {}
     for name, value in spec.params.items():

@@ -19,7 +19,7 @@ from airflow_batch_provider.backends.gemini.params import REQUEST_FIELDS, genera
 from airflow_batch_provider.chunking.requests import RequestRenderer
 
 if TYPE_CHECKING:
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import SpecFields
 
 
 class GeminiRenderer(RequestRenderer):
@@ -27,7 +27,7 @@ class GeminiRenderer(RequestRenderer):
 
     provider: ClassVar[str] = PROVIDER
 
-    def __init__(self, spec: RequestSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         self._config = generation_config(spec)
         self._extra = {name: spec.params[name] for name in sorted(REQUEST_FIELDS & spec.params.keys())}
         super().__init__(spec)

@@ -7,6 +7,7 @@ when a chunk names this provider; this module stays import-light (see
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -16,7 +17,7 @@ from airflow_batch_provider.chunking.limits import MB, ProviderLimits
 
 if TYPE_CHECKING:
     from airflow_batch_provider.chunking.requests import RequestRenderer
-    from airflow_batch_provider.contract import SpecFields
+    from airflow_batch_provider.contract import ModelKind, SpecFields
     from airflow_batch_provider.descriptors import ResultRecord
 
 OPENAI_LIMITS = ProviderLimits(
@@ -36,6 +37,8 @@ MODEL_PREFIXES: tuple[str, ...] = ("gpt-", "o1", "o3", "o4", "text-embedding", "
 _RESERVED = frozenset({"model", "messages", "input", "prompt", "stream"})
 TOKENS_PER_MESSAGE = 4  # 3 framing tokens + the role, per OpenAI's chat-format accounting
 REPLY_PRIMING = 3
+# Chat (text-generation) families, optionally fine-tuned: gpt-4o-mini, chatgpt-4o-latest, o1, o3-mini, ft:gpt-4o:...
+_CHAT_MODEL = re.compile(r"^(?:ft:)?(?:gpt-|chatgpt-|o\d+(?:-|:|$))", re.IGNORECASE)
 
 
 def encoding_name_for(model: str) -> str | None:
@@ -88,6 +91,21 @@ class OpenAIBackend(Backend):
     # us./eu. are OpenAI's data-residency API hosts; their batches show in the same console.
     console_hosts: ClassVar[tuple[str, ...]] = ("api.openai.com", "us.api.openai.com", "eu.api.openai.com")
     console_template: ClassVar[str | None] = "https://platform.openai.com/batches/{batch_id}"
+    # error.code of output lines (HTTP 5xx/429/408 bodies) and error-file lines that a later batch may get answered.
+    retryable_line_errors = frozenset(
+        {
+            "server_error",
+            "internal_error",
+            "internal_server_error",
+            "service_unavailable",
+            "rate_limit_exceeded",
+            "timeout",
+            "request_timeout",
+            "batch_expired",
+        }
+    )
+    # A batch over the organisation's enqueued-token limit fails validation with this code alone.
+    capacity_refusal_codes = frozenset({"token_limit_exceeded"})
 
     def check_params(self, spec: SpecFields) -> None:
         """Reject parameters the renderer writes itself, and a schema given twice."""
@@ -98,6 +116,10 @@ class OpenAIBackend(Backend):
             raise InvalidInputError(f"params may not set {bad}: the request renderer writes these itself.")
         if spec.json_schema is not None and "response_format" in spec.params:
             raise InvalidInputError("Pass either response_schema or params['response_format'], not both.")
+
+    def model_kind(self, model: str) -> ModelKind | None:
+        """Return "chat" for the gpt, chatgpt and o-series families (a fine-tune too), else None."""
+        return "chat" if _CHAT_MODEL.match(model) and "embed" not in model.lower() else None
 
     def renderer(self, spec: SpecFields) -> RequestRenderer:
         """Return the OpenAI Batch API line renderer."""

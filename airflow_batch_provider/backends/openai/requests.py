@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_batch_provider.chunking.requests import RequestRenderer
-from airflow_batch_provider.chunking.spec import COMPLETIONS, EMBEDDINGS, RequestSpec, strict_json_schema
+from airflow_batch_provider.chunking.spec import strict_json_schema
+from airflow_batch_provider.contract import COMPLETIONS, EMBEDDINGS, SpecFields
 
 
 class OpenAIRenderer(RequestRenderer):
@@ -13,7 +14,7 @@ class OpenAIRenderer(RequestRenderer):
 
     provider = "openai"
 
-    def __init__(self, spec: RequestSpec) -> None:
+    def __init__(self, spec: SpecFields) -> None:
         self._response_format: dict[str, Any] | None = None
         if spec.json_schema is not None:
             schema = strict_json_schema(spec.json_schema) if spec.schema_from_model else spec.json_schema

@@ -37,7 +37,7 @@ def gemini_hook(gemini_conn):
 
 def gemini_chunk(tmp_path, count: int, *, schema=SCHEMA, index: int = 0, **params):
     """Write a chunk of ``count`` Gemini requests rendered by the real renderer; return its descriptor."""
-    from airflow_batch_provider.chunking.requests import renderer_for
+    from airflow_batch_provider.chunking.spec import renderer_for
 
     spec = RequestSpec(
         provider="gemini",

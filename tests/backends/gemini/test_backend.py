@@ -14,8 +14,7 @@ import orjson
 
 from airflow_batch_provider.backends.gemini.hook import GeminiBatchHook
 from airflow_batch_provider.backends.registry import backend_for_model, get_backend
-from airflow_batch_provider.chunking.requests import renderer_for
-from airflow_batch_provider.chunking.spec import RequestSpec
+from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.get_provider_info import get_provider_info
 from tests.backends.gemini.conftest import MODEL, SCHEMA
 
