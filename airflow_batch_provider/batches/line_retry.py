@@ -10,8 +10,9 @@ requests file filtered by custom_id::
 
 A line is **retryable** (see :func:`is_retryable`) when the provider never really answered it:
 
-- HTTP 408/409/429 or 5xx responses, and error codes of the server-error / rate-limit class
-  (``server_error``, ``api_error``, ``overloaded_error``, ``rate_limit_exceeded`` ...);
+- HTTP 408/409/429 or 5xx responses, and error codes of the server-error / rate-limit class,
+  in each provider's vocabulary (its backend's ``retryable_line_errors``: OpenAI's
+  ``server_error``, Anthropic's ``overloaded_error`` ...);
 - ``expired`` lines (OpenAI ``batch_expired`` error-file lines, Anthropic ``expired`` results);
 - ``canceled`` lines, unless this task cancelled the batch (a batch someone else cancelled
   stops the task instead — the sensor raises BatchCancelledError);
@@ -24,6 +25,7 @@ error. MergeResultsOperator later reads every attempt in order; the last result 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
+from airflow_batch_provider.backends.registry import all_backends
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import ResultsError
 from airflow_batch_provider.job_folder import JobFolder
@@ -42,6 +45,7 @@ from airflow_batch_provider.status import BatchState
 from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 if TYPE_CHECKING:
+    from airflow_batch_provider.backends.base import Backend
     from airflow_batch_provider.hooks.base import BatchHook
 
 log = logging.getLogger(__name__)
@@ -50,25 +54,23 @@ DEFAULT_MAX_LINE_RETRIES = 2
 EXAMPLE_IDS = 3  # custom_ids kept per failure kind of an attempt (shown by the "LLM batches" view)
 MISSING_KIND = "missing/-: no result line"
 
-#: Error codes/types (OpenAI ``error.code``/``type``, Anthropic ``error.type``) that mean "try again".
-RETRYABLE_CODES = frozenset(
-    {
-        "server_error",
-        "internal_error",
-        "internal_server_error",
-        "api_error",
-        "overloaded_error",
-        "service_unavailable",
-        "rate_limit_error",
-        "rate_limit_exceeded",
-        "timeout",
-        "timeout_error",
-        "request_timeout",
-        "batch_expired",
-        "connection_error",  # self-hosted output lines: the server could not be reached
-    }
-)
+#: The code this package writes itself into self-hosted output lines when the server could not be reached.
+_OWN_RETRYABLE_CODES = frozenset({"connection_error"})
 _RETRYABLE_HTTP = frozenset({408, 409, 429})
+
+
+def retryable_codes() -> frozenset[str]:
+    """Return the error codes that mean "try again": every backend's ``retryable_line_errors``, and ours.
+
+    One set for all providers: a merged output row keeps its code but not its provider, and the
+    codes of different providers do not collide.
+    """
+    return _union_of(all_backends())
+
+
+@functools.cache
+def _union_of(backends: tuple[Backend, ...]) -> frozenset[str]:  # cached: asked once per merged row
+    return _OWN_RETRYABLE_CODES.union(*(backend.retryable_line_errors for backend in backends))
 
 
 def is_retryable(record: ResultRecord, *, cancelled_by_us: bool = False) -> bool:
@@ -83,7 +85,7 @@ def is_retryable(record: ResultRecord, *, cancelled_by_us: bool = False) -> bool
     http = record.get("http_status")
     if http is not None:
         return http in _RETRYABLE_HTTP or http >= 500
-    return (record.get("error_code") or "") in RETRYABLE_CODES
+    return (record.get("error_code") or "") in retryable_codes()
 
 
 def output_error_code(record: ResultRecord) -> str | None:
@@ -109,14 +111,14 @@ def is_final_error_code(code: str | None) -> bool:
     """Return True when an ``errored`` row with this output ``error_code`` would fail the same way again.
 
     No code (nothing to judge by), an HTTP 408/409/429/5xx status and the codes of
-    :data:`RETRYABLE_CODES` are not final: such rows are sent again.
+    :func:`retryable_codes` are not final: such rows are sent again.
     """
     if not code:
         return False
     if code.startswith("http_") and code[5:].isdigit():
         http = int(code[5:])
         return not (http in _RETRYABLE_HTTP or http >= 500)
-    return code not in RETRYABLE_CODES
+    return code not in retryable_codes()
 
 
 def describe_failure(record: ResultRecord) -> str:

@@ -11,10 +11,11 @@ Two layers keep a DAG from failing on it:
    and, while this chunk would push the sum over the budget, waits deferred (no worker held)
    and checks again. Chunks that are submitted at the same moment can still overshoot together
    (check, then act, with no lock in between) — the second layer catches that.
-2. **Waiting out a refusal** — BatchCompleteSensor: a batch that failed *only* with
-   ``token_limit_exceeded`` is not an error yet. The sensor waits ``token_limit_retry_interval``
-   and submits the same lines again, until ``token_limit_max_wait`` has passed since the first
-   refusal; only then does it raise BatchFailedError.
+2. **Waiting out a refusal** — BatchCompleteSensor: a batch that failed *only* with its
+   backend's ``capacity_refusal_codes`` (OpenAI's ``token_limit_exceeded``) is not an error yet.
+   The sensor waits ``token_limit_retry_interval`` and submits the same lines again, until
+   ``token_limit_max_wait`` has passed since the first refusal; only then does it raise
+   BatchFailedError.
 
 Without the gate, an Airflow pool can play the same role: make a pool per model whose slots are
 token units (say 1 slot = 10,000 tokens, slots = the provider's cap / 10,000, with
@@ -32,6 +33,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_batch_provider.backends.registry import find_backend
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.status import BatchState, BatchStatus
 from airflow_batch_provider.utils.storage import to_path
@@ -40,7 +42,6 @@ log = logging.getLogger(__name__)
 
 CHUNK_TOKENS_KEY = "airflow_chunk_tokens"
 MODEL_KEY = "airflow_model"
-TOKEN_LIMIT_CODE = "token_limit_exceeded"
 CHARS_PER_TOKEN = 4
 
 
@@ -122,9 +123,14 @@ class BudgetCheck:
 
 
 def is_token_limit_refusal(state: BatchState) -> bool:
-    """Return True for a batch the provider failed only because its enqueued-token cap was reached."""
+    """Return True for a batch the provider failed only because its enqueued-token cap was reached.
+
+    What such a refusal looks like is the backend's: its ``capacity_refusal_codes``.
+    """
+    backend = find_backend(state.provider)
+    refusals = backend.capacity_refusal_codes if backend is not None else frozenset()
     codes = {str(e.get("code")) for e in state.errors}
-    return state.status is BatchStatus.FAILED and codes == {TOKEN_LIMIT_CODE}
+    return state.status is BatchStatus.FAILED and bool(codes) and codes <= refusals
 
 
 class RefusalStep(enum.StrEnum):
