@@ -14,8 +14,11 @@ what happens then is decided per request from what is written and remembered (:m
    reaches the dead-letter queue, while its group-mates are answered on the way.
 
 Each part is acknowledged as soon as its rows are written; claims are renewed (a heartbeat)
-while the group is in flight; a request that keeps failing retryably is released to the queue
-with a back-off instead of holding its group. The output holds each request id once.
+while the group is in flight, and a request whose claim was lost (the worker was paused past
+its claim, :mod:`.claims`) is not sent: whoever holds it now answers it. What is answered is
+looked up again before every part, not only the first. A request that keeps failing
+retryably is released to the queue with a back-off instead of holding its group. The output
+holds each request id once.
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pyarrow as pa
 
 from airflow_batch_provider.intake.aggregator import Aggregator, Group, GroupPolicy, ReadinessTracker
+from airflow_batch_provider.intake.claims import GroupClaims
 from airflow_batch_provider.intake.handler import BATCH_PRIORITY, ServerGroupHandler
 from airflow_batch_provider.intake.ledger import Tries, WorkLedger
 from airflow_batch_provider.intake.messages import IntakeRequest
@@ -74,8 +77,7 @@ class StreamWorker:
         self.stop = threading.Event()
         self.groups: list[Group] = []
         self._parts = 0
-        self._held_lock = threading.Lock()
-        self._held: set[str] = set()  # receipts the heartbeat renews
+        self.claims: GroupClaims | None = None  # of the group being processed (one at a time)
 
     @property
     def policy(self) -> GroupPolicy:
@@ -104,25 +106,41 @@ class StreamWorker:
         return group
 
     def handle(self, group: Group) -> None:
-        """Process a collected group, renewing its claims meanwhile."""
-        with self._heartbeat(group):
-            self.process(group)
+        """Process a collected group and remember it."""
+        self.process(group)
         self.groups.append(group)
 
     def process(self, group: Group) -> None:
+        """Answer a collected group, renewing its claims meanwhile."""
+        receipts = [d.receipt for ds in group.deliveries.values() for d in ds]
+        self.claims = GroupClaims(
+            self.aggregator.queue, self.policy.claim_seconds, group.group_id, receipts, group.flushed_at
+        )
+        with self.claims.heartbeat():
+            self._process(group)
+
+    def _process(self, group: Group) -> None:
         """Skip what is answered, dead-letter what is hopeless, answer the rest part by part."""
-        fingerprints = {r.request_id: self.handler.fingerprint(r) for r in group.requests}
-        answered = self.ledger.answered(fingerprints)
-        if answered:
-            log.info("group %s: %d request(s) already answered; acknowledged, not sent", group.group_id, len(answered))
-            self._ack(group, answered)
-        todo = [r for r in group.requests if r.request_id not in answered]
+        todo = self._unanswered(group, group.requests)
         tries = self.ledger.read([r.request_id for r in todo])
         todo = [r for r in todo if not self._hopeless(group, r, tries.get(r.request_id, Tries()))]
         for index, (crashes, part) in enumerate(self._parts_of(todo, tries)):
             if self.stop.is_set() and index:
                 return  # SIGTERM: the rest stays claimed and comes back to whoever runs next
+            # Another worker may have answered some meanwhile (this one was paused past its claim).
+            part = self._unanswered(group, part) if index else part
             self._answer_part(group, index, part, crashes)
+
+    def _unanswered(self, group: Group, requests: list[IntakeRequest]) -> list[IntakeRequest]:
+        """Acknowledge the requests the output already answers; return the others."""
+        answered = self.ledger.answered({r.request_id: self.handler.fingerprint(r) for r in requests})
+        if answered:
+            log.info("group %s: %d request(s) already answered; acknowledged, not sent", group.group_id, len(answered))
+            self._ack(group, answered)
+        return [r for r in requests if r.request_id not in answered]
+
+    def _receipts(self, group: Group, request_id: str) -> list[str]:
+        return [d.receipt for d in group.deliveries.get(request_id, [])]
 
     def _parts_of(
         self, todo: list[IntakeRequest], tries: dict[str, Tries]
@@ -152,9 +170,12 @@ class StreamWorker:
             )
         else:
             return False
+        held = set(self._current_claims().take(self._receipts(group, request.request_id)))
+        if not held:  # its claim was lost: its new holder counts its tries and decides
+            return True
         for delivery in group.deliveries.get(request.request_id, []):
-            self._unhold([delivery.receipt])
-            self.aggregator.queue.dead_letter(delivery, reason)
+            if delivery.receipt in held:
+                self.aggregator.queue.dead_letter(delivery, reason)
         log.warning("group %s: dead-lettered: %s", group.group_id, reason)
         self.aggregator.metrics.dead_lettered(1)
         self.ledger.forget([request.request_id])
@@ -166,30 +187,45 @@ class StreamWorker:
         A part that crashed before is sent all at once (it is at most ``max_concurrency``), each
         row written as it lands: the next crash costs only what was in flight, and blames only that.
         """
+        claims = self._current_claims()
+        requests = [r for r in requests if claims.holds(self._receipts(group, r.request_id))]
+        if not requests:
+            return
         ids = [r.request_id for r in requests]
         part = Group(f"{group.group_id}-{index}", requests, [], group.first_enqueued_at, group.flushed_at)
         alone = len(ids) == 1 and crashes > 0
         self.ledger.sending(ids, alone=alone)
         suspect = crashes > 0
+        skipped: set[str] = set()
+
+        def still_held(request: IntakeRequest) -> bool:  # asked as each request is about to go
+            if claims.holds(self._receipts(group, request.request_id)):
+                return True
+            skipped.add(request.request_id)
+            return False
+
         answer = self.handler(
             part,
             max_concurrency=len(requests) if suspect else None,
             flush=self._write,
             flush_every=1 if suspect else self.flush_every,
+            keep=still_held,
         )
         self._write(answer.table)
-        done = set(ids) - set(answer.retry)
-        self._ack(group, done)
+        self._ack(group, set(ids) - set(answer.retry) - skipped)
         if answer.retry:
-            self.ledger.failed(answer.retry, alone=alone)
-            tries = self.ledger.read(answer.retry)
-            for rid, error in answer.retry.items():
-                backoff = min(self.policy.claim_seconds, 2.0 ** tries[rid].failures)
-                receipts = [d.receipt for d in group.deliveries.get(rid, [])]
-                self._unhold(receipts)
-                self.aggregator.queue.release(receipts, backoff, self.policy.claim_seconds)
-                log.warning("request %s: %s; released to the queue, back in %.0f s", rid, error, backoff)
+            self._release(group, answer.retry, alone)
         self._log_throughput(part)
+
+    def _release(self, group: Group, errors: dict[str, str], alone: bool) -> None:
+        """Give requests that failed retryably back to the queue, with a back-off of 2^failures s."""
+        self.ledger.failed(errors, alone=alone)
+        tries = self.ledger.read(errors)
+        for rid, error in errors.items():
+            backoff = min(self.policy.claim_seconds, 2.0 ** tries[rid].failures)
+            receipts = self._current_claims().take(self._receipts(group, rid))
+            self.aggregator.queue.release(receipts, backoff, self.policy.claim_seconds)
+            log.warning("request %s: %s; released to the queue, back in %.0f s", rid, error, backoff)
 
     def _write(self, table: pa.Table) -> None:
         if table.num_rows:
@@ -197,39 +233,15 @@ class StreamWorker:
             self._parts += 1
 
     def _ack(self, group: Group, request_ids: set[str]) -> None:
-        receipts = [d.receipt for rid in request_ids for d in group.deliveries.get(rid, [])]
-        self._unhold(receipts)
+        """Acknowledge the requests' messages this worker still holds (a lost one is its new holder's)."""
+        receipts = self._current_claims().take([r for rid in request_ids for r in self._receipts(group, rid)])
         self.aggregator.queue.ack(receipts)
         self.ledger.forget(request_ids)
 
-    def _unhold(self, receipts: list[str]) -> None:
-        with self._held_lock:
-            self._held.difference_update(receipts)
-
-    @contextmanager
-    def _heartbeat(self, group: Group) -> Iterator[None]:
-        """Renew the group's claims every third of ``claim_seconds`` until it is done."""
-        with self._held_lock:
-            self._held = {d.receipt for ds in group.deliveries.values() for d in ds}
-        done = threading.Event()
-        interval = self.policy.claim_seconds / 3
-
-        def beat() -> None:
-            while not done.wait(interval):
-                with self._held_lock:
-                    held = sorted(self._held)
-                try:
-                    self.aggregator.queue.extend(held, self.policy.claim_seconds)
-                except Exception:  # a missed beat only risks a redelivery, which is idempotent
-                    log.warning("group %s: could not renew its claims", group.group_id, exc_info=True)
-
-        thread = threading.Thread(target=beat, name=f"heartbeat-{group.group_id}", daemon=True)
-        thread.start()
-        try:
-            yield
-        finally:
-            done.set()
-            thread.join()
+    def _current_claims(self) -> GroupClaims:
+        if self.claims is None:
+            raise RuntimeError("no group is being processed")
+        return self.claims
 
     def _log_throughput(self, group: Group) -> None:
         tokens, seconds = group.extra.get("tokens"), group.extra.get("generate_seconds")

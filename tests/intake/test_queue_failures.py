@@ -1,4 +1,5 @@
-"""The queue-level failure fixes, on both backends: size cap at decode, no duplicate in a collect, claim heartbeats, stale consumers.
+"""The queue-level failure fixes, on both backends: size cap at decode, no duplicate in a collect, claim heartbeats
+that never take a message back, collects sized to the endpoint's latency, stale consumers.
 
 Real Redis (127.0.0.1:6379, a uuid-named stream per test) and moto's SQS server, as the other
 intake tests. The slow endpoint of the SQS reproduction is moto itself with each receive call
@@ -38,9 +39,11 @@ def test_sqs_collect_keeps_each_message_once_when_claims_lapse_mid_collect(moto_
         for i in range(40):
             queue.send(f'{{"request_id": "r{i}", "prompt": "p"}}'.encode())
         slow = queue.client.receive_message
+        calls = []
 
-        def slow_receive(**kwargs):  # a slow endpoint: each call outlives a 1 s claim
-            time.sleep(0.6)
+        def slow_receive(**kwargs):  # the endpoint slows down after the first call: the next outlives a 1 s claim
+            calls.append(1)
+            time.sleep(0.0 if len(calls) == 1 else 1.2)
             return slow(**kwargs)
 
         monkeypatch.setattr(queue.client, "receive_message", slow_receive)
@@ -53,6 +56,8 @@ def test_sqs_collect_keeps_each_message_once_when_claims_lapse_mid_collect(moto_
         queue.close()
 
 
+# Kafka's claim is a partition, and a second consumer joining takes some: tests/intake/test_kafka_queue.py.
+@pytest.mark.parametrize("queue", ["sqs", "redis"], indirect=True)
 def test_extend_keeps_a_claim_past_its_length_and_release_gives_it_back(queue):
     queue.send(b'{"request_id": "a", "prompt": "p"}')
     (first,) = queue.receive(10, claim_seconds=2)
@@ -92,3 +97,53 @@ def test_stale_redis_consumers_are_removed():
         live.delete()
         for q in [*old, live]:
             q.close()
+
+
+@pytest.fixture(params=["sqs", "redis"])
+def two_consumers(request):
+    """Two consumers of one new queue (on Redis two consumer names), deleted after the test."""
+    config = queue_config(request.param, request.getfixturevalue("moto_url") if request.param == "sqs" else None)
+    first, second = (open_queue({**config, "consumer": n} if request.param == "redis" else config) for n in "AB")
+    yield first, second
+    first.delete()
+    first.close()
+    second.close()
+
+
+def test_a_renewal_never_takes_a_message_back_and_reports_the_lost_claim(two_consumers):
+    first, second = two_consumers
+    for i in range(3):
+        first.send(f'{{"request_id": "r{i}", "prompt": "p"}}'.encode())
+    mine = [d.receipt for d in first.receive(10, claim_seconds=1)]
+    assert first.extend(mine, claim_seconds=1) == set()  # held: renewed, nothing lost
+    time.sleep(1.3)  # the first consumer "paused" past its claim; the second takes the messages over
+    theirs = second.receive(10, claim_seconds=1)
+    assert len(theirs) == 3
+    if first.backend == "redis":  # ownership is exact there; moto accepts an old receipt until the message is gone
+        assert first.extend(mine, claim_seconds=1) == set(mine)
+        first.release(mine, after_seconds=0, claim_seconds=1)
+        pending = first.client.xpending_range(first.name, "aggregator", "-", "+", 10)
+        assert {(p["consumer"], p["time_since_delivered"] < 1000) for p in pending} == {(b"B", True)}  # untouched
+    assert second.extend([d.receipt for d in theirs], claim_seconds=1) == set()
+    second.ack([d.receipt for d in theirs])
+    assert first.extend(mine, claim_seconds=1) == set(mine)  # answered and deleted by the second: lost
+    assert first.stats().depth == 0
+
+
+def test_an_sqs_collect_on_a_slow_endpoint_fills_its_group_with_every_claim_held(moto_url):
+    config = queue_config("sqs", moto_url)
+    producer, collector = open_queue(config), open_queue(config)
+    try:
+        for i in range(64):
+            producer.send(f'{{"request_id": "r{i}", "prompt": "p"}}'.encode())
+        # Every call to the endpoint takes 0.5 s: 7 receives (10 each) for a group of 64 take 3.5 s, far
+        # past half of a 2 s claim, where the collect used to stop (at 20, or 10 when slower).
+        collector.client.meta.events.register("before-send.sqs", lambda **_: time.sleep(0.5))
+        collector.stats()  # the worker reads the depth before it collects: the first round trip measured
+        got = collector.receive(64, claim_seconds=2)
+        assert len({d.message_id for d in got}) == len(got) == 64
+        assert producer.receive(10, claim_seconds=2) == []  # every claim still held when the collect returns
+    finally:
+        producer.delete()
+        producer.close()
+        collector.close()

@@ -8,6 +8,8 @@ request, answers 500 to one prompt forever, and kills the worker that sends anot
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -23,6 +25,7 @@ from airflow_batch_provider.intake.worker import StreamWorker, halvings
 from airflow_batch_provider.sinks.sql import SqlUpsertSink
 from benchmarks.stream_stub import CRASH_MARKER, FAIL_MARKER, StubServer
 from benchmarks.stream_supervisor import Workers, rows, wait_for
+from tests.intake.conftest import queue_config
 
 pytestmark = pytest.mark.stream
 
@@ -137,6 +140,9 @@ def test_a_written_result_is_acknowledged_never_dead_lettered(queue, in_process)
     assert queue.stats().depth == 0
 
 
+# On Kafka a second consumer joining the group takes partitions, claims and all (a rebalance, reported
+# by extend as lost claims): tests/intake/test_kafka_queue.py covers that instead.
+@pytest.mark.parametrize("queue", ["sqs", "redis"], indirect=True)
 def test_claims_are_renewed_while_a_group_is_in_flight(queue, in_process):
     # The group (40 x 0.15 s = 6 s) outlasts its 4 s claim, so only the heartbeat (a renewal every
     # third of the claim) keeps the thief out. The claim is long enough to absorb a late beat on a
@@ -166,3 +172,90 @@ def test_claims_are_renewed_while_a_group_is_in_flight(queue, in_process):
         other.close()
     assert stolen == []
     assert in_process.requests == 40 and queue.stats().depth == 0
+
+
+class PausingStub(StubServer):
+    """The stub, SIGSTOPping the worker process ``pid`` when its ``at``-th request arrives (then answering it)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+        self.pid = 0
+        self.paused = threading.Event()
+
+    def answer(self, body):
+        answer = super().answer(body)
+        if self.requests == self.at and not self.paused.is_set():
+            os.kill(self.pid, signal.SIGSTOP)  # before the answer goes out: this request is in flight
+            self.paused.set()
+        return answer
+
+
+@pytest.fixture(params=["sqs", "redis"])
+def queue_config_of(request):
+    """A new queue's config on SQS (moto) and Redis; the queue is deleted after the test."""
+    config = queue_config(request.param, request.getfixturevalue("moto_url") if request.param == "sqs" else None)
+    yield config
+    with open_queue(config) as queue:
+        queue.delete()
+
+
+def test_a_worker_paused_past_its_claim_does_not_send_its_group_again(queue_config_of, tmp_path):
+    # Issue 38: a worker SIGSTOPped longer than its claim while a second one runs, resumed after the
+    # second answered its group, sent the unwritten rest of the group to the model again (Redis: its
+    # heartbeat took the entries back; SQS: every renewal failed, logged 628 times in 22 s).
+    db, n, claim = str(tmp_path / "out.sqlite"), 16, "3"
+    args = ("--max-items", str(n), "--max-wait", "0.2", "--claim-seconds", claim, "--flush-every", "1")
+    queue = open_queue(queue_config_of)
+    with PausingStub(at=3) as stub:
+        paused_log, other_log = tmp_path / "paused.log", tmp_path / "other.log"
+        first = Workers(queue_config_of, stub.base_url, db, str(paused_log), *args, "--max-concurrency", "1")
+        second = Workers(queue_config_of, stub.base_url, db, str(other_log), *args)
+        stub.pid = first.start().pid
+        try:
+            _submit(queue, {f"q{i:02d}": f"question {i}" for i in range(n)})
+            assert stub.paused.wait(120), "the first worker never sent its third request"
+            second.start()  # it takes the group over once the paused worker's claim lapses
+            wait_for(lambda: queue.stats().depth == 0 and len(rows(db)) == n, 120, "the second worker's answers")
+            os.kill(stub.pid, signal.SIGCONT)
+            wait_for(
+                lambda: "lost the claim" in paused_log.read_text() or stub.requests > n + 1,
+                60,
+                "the paused worker to see its claim lost (or send again)",
+            )
+            time.sleep(2)  # what it would send after waking up, it sends now
+        finally:
+            os.kill(stub.pid, signal.SIGCONT)
+            first.close()
+            second.close()
+            queue.close()
+        twice = [prompt for prompt, count in stub.prompts.items() if count > 1]
+        # The two answers written before the pause are not sent again, the rest not by the paused worker: only
+        # the request in flight when it stopped is paid twice (its answer was not written yet).
+        assert (stub.requests, len(twice)) == (n + 1, 1), f"{stub.requests} model requests for {n}: {twice}"
+    assert paused_log.read_text().count("lost the claim") == 1  # one line, not one per beat
+    assert sorted(r[0] for r in rows(db)) == [f"q{i:02d}" for i in range(n)]
+
+
+def test_a_later_part_does_not_send_what_another_worker_answered_meanwhile(queue, in_process, monkeypatch):
+    worker = _worker(queue, GroupPolicy(max_items=8, max_wait=0))
+    _submit(queue, {**{f"n{i}": f"new {i}" for i in range(4)}, **{f"c{i}": f"crashed {i}" for i in range(4)}})
+    crashed = [f"c{i}" for i in range(4)]
+    worker.ledger.sending(crashed)  # in a crashed group once: they go in a later part than the new ones
+    group = worker.aggregator.collect()
+    write = worker.sink.write_part
+
+    def write_as_another_worker_answers_the_rest(table, index):
+        written = write(table, index)
+        records = [
+            {"custom_id": r.request_id, "status": "succeeded", "request_fingerprint": worker.handler.fingerprint(r)}
+            for r in group.requests
+            if r.request_id in crashed
+        ]
+        write(rows_table(records, "g-other-worker"), 99)
+        return written
+
+    monkeypatch.setattr(worker.sink, "write_part", write_as_another_worker_answers_the_rest)
+    worker.process(group)
+    assert in_process.requests == 4  # only the new ones: the crashed ones were answered before their part
+    assert queue.stats().depth == 0

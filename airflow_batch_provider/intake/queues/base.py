@@ -1,8 +1,10 @@
 """The interface every queue backend implements, and the records it hands out.
 
 The contract is at-least-once: ``receive`` *claims* messages for ``claim_seconds``; a claim
-that is not acknowledged in time (the worker died) makes the message deliverable again, to
-any consumer. ``ack`` is called only after the message's result is durably written.
+that is not acknowledged in time (the worker died, or was paused) makes the message deliverable
+again, to any consumer. ``ack`` is called only after the message's result is durably written.
+``extend`` (the heartbeat) renews only claims this consumer still holds and returns the ones it
+lost, so a worker that wakes up after its claim lapsed learns it and stops sending them.
 Backends differ in how they keep that promise (SQS: visibility timeout + receipt handle;
 Redis Streams: consumer-group pending entries + ``XAUTOCLAIM``); callers never see the difference.
 """
@@ -85,12 +87,23 @@ class BatchQueue(ABC):
         """Acknowledge (delete) claimed messages; their results are durably written."""
 
     @abstractmethod
-    def extend(self, receipts: Sequence[str], claim_seconds: float) -> None:
-        """Renew claims still being worked on (a heartbeat), so they do not lapse mid-group."""
+    def extend(self, receipts: Sequence[str], claim_seconds: float) -> set[str]:
+        """Renew claims still being worked on (a heartbeat); return the receipts whose claim is lost.
+
+        A renewal never takes a message back. A claim is lost when this consumer no longer holds
+        the message: another consumer claimed it after this claim lapsed, or it was acknowledged
+        and deleted. Those receipts are left as they are and returned (an empty set when every
+        claim was renewed); the caller stops working on them: it does not send, ack or release
+        them, because the message's new holder does. Raise only when the queue could not be asked
+        at all (unreachable); a receipt whose fate is unknown is not reported lost.
+        """
 
     @abstractmethod
     def release(self, receipts: Sequence[str], after_seconds: float, claim_seconds: float) -> None:
-        """Give claimed messages back unanswered: deliverable again after ``after_seconds``, not acknowledged."""
+        """Give claimed messages back unanswered: deliverable again after ``after_seconds``, not acknowledged.
+
+        Like ``extend``, it leaves alone a message this consumer no longer holds.
+        """
 
     @abstractmethod
     def dead_letter(self, delivery: Delivery, reason: str) -> None:

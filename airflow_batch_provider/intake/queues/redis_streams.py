@@ -22,6 +22,20 @@ log = logging.getLogger(__name__)
 
 GROUP = "aggregator"
 PRUNE_EVERY_S = 60.0
+#: KEYS[1] the stream; ARGV group, consumer, idle ms, entry ids. For each id: if this consumer
+#: owns the pending entry (XPENDING filtered by consumer), set its idle time (XCLAIM ... JUSTID
+#: keeps the delivery count; it drops an entry whose data is gone); return the ids not claimed.
+CLAIM_IF_OWNER = """
+local lost = {}
+for i = 4, #ARGV do
+  local id = ARGV[i]
+  local owned = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1, ARGV[2])
+  if #owned == 0 or #redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, id, 'IDLE', ARGV[3], 'JUSTID') == 0 then
+    lost[#lost + 1] = id
+  end
+end
+return lost
+"""
 
 
 class RedisStreamQueue(BatchQueue):
@@ -113,16 +127,30 @@ class RedisStreamQueue(BatchQueue):
                 self.client.xgroup_delconsumer(self.name, GROUP, name)
                 log.info("queue %s: removed stale consumer %s (idle, holding nothing)", self.name, name)
 
-    def extend(self, receipts: Sequence[str], claim_seconds: float) -> None:
-        """Reset the idle time of our pending entries (XCLAIM JUSTID: the delivery count stays)."""
-        if receipts:
-            self.client.xclaim(self.name, GROUP, self.consumer, 0, list(receipts), justid=True)
+    def extend(self, receipts: Sequence[str], claim_seconds: float) -> set[str]:
+        """Reset the idle time of the entries this consumer still owns; return the others (lost)."""
+        return self._reclaim_own(receipts, idle_ms=0)
 
     def release(self, receipts: Sequence[str], after_seconds: float, claim_seconds: float) -> None:
         """Back-date our pending entries so XAUTOCLAIM takes them again after ``after_seconds``."""
-        if receipts:
-            idle = max(0, int((claim_seconds - after_seconds) * 1000))
-            self.client.xclaim(self.name, GROUP, self.consumer, 0, list(receipts), idle=idle, justid=True)
+        self._reclaim_own(receipts, idle_ms=max(0, int((claim_seconds - after_seconds) * 1000)))
+
+    def _reclaim_own(self, receipts: Sequence[str], *, idle_ms: int) -> set[str]:
+        """Set the idle time of our own pending entries, atomically; return the ids we no longer own.
+
+        A plain XCLAIM changes the owner whoever holds the entry (a min-idle-time cannot tell a
+        renewal from a theft: the new holder's heartbeat keeps its idle time as low as ours), so
+        a paused worker's heartbeat would take back entries another consumer reclaimed meanwhile.
+        The script checks the owner and claims in one step (Redis runs a script atomically).
+        """
+        if not receipts:
+            return set()
+        lost = self._claim_if_owner(keys=[self.name], args=[GROUP, self.consumer, idle_ms, *receipts])
+        return {_text(entry_id) for entry_id in lost}
+
+    @cached_property
+    def _claim_if_owner(self) -> Any:
+        return self.client.register_script(CLAIM_IF_OWNER)
 
     def ack(self, receipts: Sequence[str]) -> None:
         """XACK and XDEL in one transaction."""

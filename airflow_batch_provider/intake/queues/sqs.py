@@ -22,6 +22,10 @@ from airflow_batch_provider.intake.queues.base import BatchQueue, Delivery, Queu
 log = logging.getLogger(__name__)
 
 SQS_BATCH = 10
+MAX_VISIBILITY = 43_200  # SQS's limit on a visibility timeout (12 h)
+#: a collect is given this many times its expected length (calls x measured round trip)
+LATENCY_MARGIN = 1.5
+LATENCY_WEIGHT = 0.3  # of the newest round trip in the moving average
 
 
 class SqsQueue(BatchQueue):
@@ -33,6 +37,8 @@ class SqsQueue(BatchQueue):
         super().__init__(name)
         self.endpoint_url = endpoint_url
         self.region_name = region_name
+        #: seconds per call to the endpoint (receive and stats), a moving average; 0 until measured
+        self.latency = 0.0
 
     @cached_property
     def client(self) -> Any:
@@ -59,24 +65,31 @@ class SqsQueue(BatchQueue):
     def stats(self) -> QueueStats:
         """Depth = visible + in flight (SQS's approximate counts)."""
         names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
-        attrs = self.client.get_queue_attributes(QueueUrl=self.url, AttributeNames=names)["Attributes"]
+        answer = self._timed(self.client.get_queue_attributes, QueueUrl=self.url, AttributeNames=names)
+        attrs = answer["Attributes"]
         waiting = int(attrs.get(names[0], 0))
         return QueueStats(depth=waiting + int(attrs.get(names[1], 0)), waiting=waiting)
 
     def receive(self, max_items: int, claim_seconds: float) -> list[Delivery]:
-        """Receive up to ``max_items`` distinct messages (10 per call), each claimed for ``claim_seconds``.
+        """Receive up to ``max_items`` distinct messages (10 per call), each with at least half a claim left.
 
-        A collect of several calls can outlive the first claims (a slow endpoint, a short
-        ``claim_seconds``): a message whose claim lapsed mid-collect comes back in a later call
-        of the same collect. It is kept once, under its newest receipt (the older one can no
-        longer delete it), and the collect stops once half the claim has passed, so the group
-        starts its work with every claim still held.
+        A collect takes ``max_items / 10`` calls, which on a slow endpoint can outlast a short
+        claim: the messages are claimed for ``claim_seconds`` plus the collect's expected length
+        (the calls times the measured round trip, with a margin), and no call starts that would
+        end with less than half of ``claim_seconds`` left on the first message. So the group
+        starts its work with every claim held and a full group, however slow the endpoint
+        (issue 38: a short claim on a slow endpoint cut groups of 64 to 10). A message
+        seen twice in one collect (the estimate was short and its claim lapsed) is kept once,
+        under its newest receipt (the older one can no longer delete it).
         """
-        visibility = max(1, round(claim_seconds))
-        deadline = time.monotonic() + visibility / 2
+        claim = max(1, round(claim_seconds))
+        calls = -(-max_items // SQS_BATCH)
+        visibility = min(MAX_VISIBILITY, claim + round(calls * self.latency * LATENCY_MARGIN))
+        last_end = time.monotonic() + visibility - claim / 2
         found: dict[str, Delivery] = {}
-        while len(found) < max_items and time.monotonic() < deadline:
-            answer = self.client.receive_message(
+        while len(found) < max_items and time.monotonic() + self.latency <= last_end:
+            answer = self._timed(
+                self.client.receive_message,
                 QueueUrl=self.url,
                 MaxNumberOfMessages=min(SQS_BATCH, max_items - len(found)),
                 VisibilityTimeout=visibility,
@@ -94,26 +107,41 @@ class SqsQueue(BatchQueue):
                 found[delivery.message_id] = delivery
         return list(found.values())
 
-    def extend(self, receipts: Sequence[str], claim_seconds: float) -> None:
-        """Push the visibility timeout of claimed messages ``claim_seconds`` ahead (10 per call)."""
-        self._change_visibility(receipts, max(1, round(claim_seconds)))
+    def extend(self, receipts: Sequence[str], claim_seconds: float) -> set[str]:
+        """Push the visibility timeout of claimed messages ``claim_seconds`` ahead (10 per call); return the lost.
+
+        SQS refuses the change for a receipt that no longer holds its message (deleted by
+        whoever took it over: ``ReceiptHandleIsInvalid``; visible again: ``MessageNotInflight``):
+        a sender fault, so the claim is lost. Other failures (SQS's own) are logged, not lost.
+        """
+        return self._change_visibility(receipts, max(1, round(claim_seconds)))
 
     def release(self, receipts: Sequence[str], after_seconds: float, claim_seconds: float) -> None:
         """Make claimed messages visible again after ``after_seconds`` (not deleted)."""
-        self._change_visibility(receipts, max(0, round(after_seconds)))
+        lost = self._change_visibility(receipts, max(0, round(after_seconds)))
+        if lost:
+            log.info("queue %s: %d released message(s) were no longer held by this consumer", self.name, len(lost))
 
-    def _change_visibility(self, receipts: Sequence[str], seconds: int) -> None:
+    def _change_visibility(self, receipts: Sequence[str], seconds: int) -> set[str]:
+        lost: set[str] = set()
         for start in range(0, len(receipts), SQS_BATCH):
             part = receipts[start : start + SQS_BATCH]
             entries = [{"Id": str(i), "ReceiptHandle": r, "VisibilityTimeout": seconds} for i, r in enumerate(part)]
             answer = self.client.change_message_visibility_batch(QueueUrl=self.url, Entries=entries)
-            for failed in answer.get("Failed", []):
-                log.warning(
-                    "queue %s: could not change a claim (%s: %s); it lapsed and the message will be delivered again",
-                    self.name,
-                    failed.get("Code"),
-                    failed.get("Message"),
-                )
+            failed = answer.get("Failed", [])
+            lost |= {part[int(f["Id"])] for f in failed if f.get("SenderFault", True)}
+            errors = [f for f in failed if not f.get("SenderFault", True)]
+            if errors:  # SQS's own failure: the claim may still hold; the next beat tries again
+                log.warning("queue %s: SQS failed %d visibility change(s): %s", self.name, len(errors), errors[0])
+        return lost
+
+    def _timed(self, call: Any, **kwargs: Any) -> Any:
+        """Make one call and fold its round trip into ``latency`` (a moving average)."""
+        started = time.monotonic()
+        answer = call(**kwargs)
+        took = time.monotonic() - started
+        self.latency = took if not self.latency else (1 - LATENCY_WEIGHT) * self.latency + LATENCY_WEIGHT * took
+        return answer
 
     def ack(self, receipts: Sequence[str]) -> None:
         """Delete claimed messages, 10 per call; a failed delete is logged (the message will come back)."""
