@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 PROGRESS_KEY = "llm_batch_progress"
 ERRORS_KEY = "llm_batch_errors"  # one XCom per scanned attempt: ERRORS_KEY + ".attempt-N"
+STOPPED_KEY = "llm_batch_stopped"  # why a step refused to go on before anything was paid (the cost guard)
+STOPPED_LIMIT = 2_000  # characters of the reason kept: the guard's message names its figures and what to do
 MAX_KINDS = 5  # failure kinds kept per attempt (final ones first): the record stays a few hundred bytes
 
 
@@ -124,3 +126,14 @@ async def apublish_progress(task_instance: Any, record: Mapping[str, Any]) -> No
         )
     except Exception as exc:
         log.warning("could not publish the progress of batch %s: %s", record.get("batch_id"), exc)
+
+
+def publish_stopped(context: Any, reason: str, **about: Any) -> None:
+    """Push why the task stops the run (e.g. the cost guard's message) for the view; log, never raise."""
+    ti = context.get("ti") if hasattr(context, "get") else None
+    if ti is None:
+        return
+    try:
+        ti.xcom_push(key=STOPPED_KEY, value={"reason": reason[:STOPPED_LIMIT], **about})
+    except Exception as exc:  # the task fails with the reason anyway; this copy is for people watching
+        log.warning("could not publish why the run stopped: %s", exc)

@@ -72,7 +72,7 @@ def test_the_demo_summary_is_the_merge_tasks(demo, capsys):
         assert line.split() == next(p for p in printed.splitlines() if p.split()[:2] == line.split()[:2]).split()
     assert "requests resent     68 (line retries, in follow-up batches)" in printed
     assert "rows retried        67 (66 recovered)" in printed
-    assert "rows carried        0 (stored results of an earlier run, not sent)" in printed
+    assert "rows carried        0 (every row was sent in this run)" in printed
     assert "make clean" in printed
 
 

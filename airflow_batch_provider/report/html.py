@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_batch_provider.report.charts import STATUS_COLOURS, cost_chart, latency_timeline, status_chart
 from airflow_batch_provider.report.location import REPORT_FILE, published_report
 from airflow_batch_provider.report.model import RunReport, build_report
+from airflow_batch_provider.results.summary import carried_note
 from airflow_batch_provider.utils.storage import atomic_write, join, makedirs
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ def _header(report: RunReport) -> str:
         _card("rows", _n(s.get("rows")), "rows"),
         _card("succeeded", _n(s.get("succeeded")), "succeeded"),
         _card("failed", _n(s.get("failed")), "failed"),
+        _card("carried from an earlier run", _n(s.get("carried_rows")), "carried"),
         _card("chunks", _n(s.get("chunks")), "chunks"),
         _card("actual cost", _usd(s.get("actual_cost_usd")), "actual-cost"),
     ]
@@ -59,7 +61,18 @@ def _header(report: RunReport) -> str:
     return (
         f"<h1>LLM batch run report: {escape(report.title)}</h1>"
         f'<p class="muted">Output <code>{escape(str(s.get("output", "")))}</code> · written {when}</p>'
-        f'<div class="cards">{"".join(cards)}</div>'
+        f'<div class="cards">{"".join(cards)}</div>{_carried_note(s)}'
+    )
+
+
+def _carried_note(s: Mapping[str, Any]) -> str:
+    """Say which rows an earlier run answered (skip_unchanged): this run did not send or pay for them."""
+    if not s.get("carried_rows"):
+        return ""
+    return (
+        f"<p id='carried'>Rows carried: {escape(carried_note(s))}. This run's batches, tokens billed and cost "
+        "count only the rows it sent. The earlier run's own report stays in the LLM batches view; the "
+        "output folder's <code>_REPORT.html</code> is now this run's.</p>"
     )
 
 
@@ -93,8 +106,10 @@ def _cost_section(report: RunReport) -> str:
     s = report.summary
     table = (
         '<table id="cost">'
-        f"<tr><td>input tokens</td><td class='n'>{_n(s.get('input_tokens'))}</td></tr>"
-        f"<tr><td>output tokens</td><td class='n'>{_n(s.get('output_tokens'))}</td></tr>"
+        f"<tr><td>input tokens, all rows</td><td class='n'>{_n(s.get('input_tokens'))}</td></tr>"
+        f"<tr><td>output tokens, all rows</td><td class='n'>{_n(s.get('output_tokens'))}</td></tr>"
+        f"<tr><td>input tokens billed to this run</td><td class='n'>{_n(_sent(s, 'input'))}</td></tr>"
+        f"<tr><td>output tokens billed to this run</td><td class='n'>{_n(_sent(s, 'output'))}</td></tr>"
         f"<tr><td>expected cost (estimate)</td><td class='n'>{_usd(s.get('cost_expected_usd'))}</td></tr>"
         f"<tr><td>upper bound (estimate)</td><td class='n'>{_usd(s.get('cost_upper_bound_usd'))}</td></tr>"
         f"<tr><td>actual cost (batch)</td><td class='n'>{_usd(s.get('actual_cost_usd'))}</td></tr>"
@@ -106,6 +121,11 @@ def _cost_section(report: RunReport) -> str:
     if "actual_cost_usd" in s:
         chart = cost_chart(s.get("cost_expected_usd"), s.get("actual_cost_usd"), s.get("realtime_cost_usd"))
     return f"<h2>Tokens and cost</h2>{chart}{table}{note}"
+
+
+def _sent(s: Mapping[str, Any], side: str) -> Any:
+    """This run's tokens on ``side`` (a summary from before the key existed: all of them)."""
+    return s.get(f"new_{side}_tokens", s.get(f"{side}_tokens"))
 
 
 def _errors_section(report: RunReport) -> str:

@@ -47,29 +47,43 @@ def _code(kind: str) -> tuple[str, str]:
     return status.strip().lower(), code.strip().lower().replace("http ", "http_")
 
 
+# What really sends a row again. A chunk's batch is tied to the chunk's content (its submission
+# key), so clearing its submit task finds the same batch instead of sending the fixed rows; a new DAG
+# run writes new chunks. With skip_unchanged it sends only rows without a final stored result for
+# the same request (chunking/incremental.py): new or changed rows, and retryable failures.
+_RERUN = "then run the DAG again: with skip_unchanged it sends only new or changed rows and rows that failed retryably"
+
+
 def next_step(kind: str, final: bool) -> str:
     """Return what a person should do about lines that failed this way (one sentence)."""
     status, code = _code(kind)
     text = kind.lower()
     if status == "truncated" or "max_tokens" in text or "finish_reason=length" in text:
-        return "Answers were cut off: raise max_tokens in request_params, then clear this chunk's submit task."
+        return (
+            "Answers were cut off: raise max_tokens in request_params, then run the DAG again; max_tokens is part "
+            "of every request, so the rerun sends every row again (skip_unchanged carries none)."
+        )
     if "token_limit_exceeded" in text:
         return (
             "The provider's enqueued-token budget is full: the sensor waits and resubmits; "
             "lower chunk_size or set token_budget."
         )
     if code in _AUTH_CODES:
-        return "Check the connection's API key and its access to the model, then clear the submit task."
+        return (
+            "Check the connection's API key and its access to the model, then run the DAG again; with "
+            "skip_unchanged set carry_statuses=('succeeded', 'invalid_output'), or these errored rows are carried."
+        )
     if not final:
         return "Passing failure: these lines are sent again in a follow-up batch (max_line_retries); nothing to do."
     if status in ("expired", "missing", "canceled") or (code and not is_final_error_code(code)):
-        return (
-            "Still failing after the last follow-up: clear the wait task to send them again, or raise max_line_retries."
-        )
+        return f"Still failing after the last follow-up: raise max_line_retries on the sensor if it helps, {_RERUN}."
     if status == "invalid_output":
-        return "The answer did not match the schema: check the schema and the prompt (or raise max_tokens)."
+        return (
+            "The answer did not match the schema: fix the schema or the prompt (or raise max_tokens), then run "
+            "the DAG again; the changed request sends every row again."
+        )
     if "invalid_request" in code or code in ("http_400", "http_404", "http_413", "http_422"):
-        return "The request is invalid: fix these rows in the input (see the ids), then clear the chunk's submit task."
+        return f"The request is invalid: fix these rows in the input (see the ids), {_RERUN}."
     return "See the error column of these rows in the output, or the batch in the provider console."
 
 

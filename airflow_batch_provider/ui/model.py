@@ -9,7 +9,11 @@ Sources, all small JSON in the metadata DB (never a request body or an answer):
   its XCom result: every attempt's final state;
 - the sensor's ``llm_batch_errors.attempt-N`` XComs: what each ended attempt's failed lines were
   (kinds, example row ids, how many were sent again);
-- MergeResultsOperator's XCom: the job summary (statuses, tokens, costs, the report path).
+- a self-hosted generate task's XCom (ServerGenerateOperator, VLLMGenerateOperator): its chunk
+  answered, as a completed batch;
+- MergeResultsOperator's XCom: the job summary (statuses, tokens, costs, the report path) and each
+  chunk's merged counts, which replace the provider's once the merge ran;
+- ``llm_batch_stopped`` of any task: why it stopped the run before anything was paid (the cost guard).
 
 A chunk's counts add up every batch it sent (the first one and its follow-ups), each line counted
 once at its latest batch: succeeded, failed for good, being sent again, waiting, of the chunk's
@@ -21,162 +25,27 @@ the records from the database.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from airflow_batch_provider.ui.errors import ErrorKind, from_attempts, from_summary, merge_kinds
+from airflow_batch_provider.progress import STOPPED_LIMIT
+from airflow_batch_provider.ui.errors import ErrorKind, from_attempts
+from airflow_batch_provider.ui.rows import ChunkRow, RunView, TaskRecord
 from airflow_batch_provider.ui.values import UNREADABLE, count_or_zero, items, mapping, text, usd
+
+__all__ = ["ChunkRow", "RunView", "TaskRecord", "build_run_view"]  # the rows live in .rows; imported from here too
 
 CHUNK_OPERATOR = "ChunkOperator"
 SUBMIT_OPERATOR = "SubmitBatchOperator"
 SENSOR_OPERATOR = "BatchCompleteSensor"
 MERGE_OPERATOR = "MergeResultsOperator"
-OUR_OPERATORS = (CHUNK_OPERATOR, SUBMIT_OPERATOR, SENSOR_OPERATOR, MERGE_OPERATOR)
+# Self-hosted runs (operators/self_hosted.py): one task answers a chunk and returns it as a completed batch.
+GENERATE_OPERATORS = ("ServerGenerateOperator", "VLLMGenerateOperator")
+#: Task instances of these operators mark a DAG as one the view lists (a batch wait, or a self-hosted generate).
+ANSWERING_OPERATORS = (SENSOR_OPERATOR, *GENERATE_OPERATORS)
+OUR_OPERATORS = (CHUNK_OPERATOR, SUBMIT_OPERATOR, SENSOR_OPERATOR, MERGE_OPERATOR, *GENERATE_OPERATORS)
 TOKEN_LIMIT_KIND = "refused/token_limit_exceeded: the provider's enqueued-token limit"
 LIVE_TI_STATES = frozenset({"scheduled", "queued", "running", "deferred", "up_for_retry", "up_for_reschedule"})
-
-
-@dataclass(frozen=True)
-class TaskRecord:
-    """One task instance of the run, with its XComs and checkpoint (what :mod:`.queries` loads)."""
-
-    task_id: str
-    map_index: int
-    operator: str
-    state: str | None
-    start_date: datetime | None
-    end_date: datetime | None
-    try_number: int
-    result: Any = None  # XCom return_value
-    progress: Mapping[str, Any] | None = None  # XCom llm_batch_progress (sensor)
-    checkpoint: Mapping[str, Any] | None = None  # task state store "batch_wait" (sensor)
-    errors: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)  # attempt -> llm_batch_errors record
-
-
-@dataclass
-class ChunkRow:
-    """One chunk's line in the view: its lines by where they are now, over all its batches."""
-
-    key: tuple[str, int]  # (job_dir, chunk_index)
-    label: str
-    num_requests: int
-    phase: str = "waiting to be submitted"
-    provider_status: str = ""
-    succeeded: int = 0
-    failed: int = 0  # failed for good (not sent again)
-    judging: int = 0  # failed in a batch whose failures the sensor has not sorted yet
-    retrying: int = 0  # in a follow-up batch, not answered yet
-    batch_id: str = ""  # the first batch
-    console_url: str = ""
-    attempts: list[str] = field(default_factory=list)  # batch ids, first to last
-    started: datetime | None = None
-    ended: datetime | None = None
-    submit_task: tuple[str, int] | None = None
-    sensor_task: tuple[str, int] | None = None
-    errors: list[ErrorKind] = field(default_factory=list)
-
-    @property
-    def followups(self) -> list[str]:
-        """Batches sent after the first one (line retries, resubmissions)."""
-        return self.attempts[1:]
-
-    @property
-    def total(self) -> int:
-        """The chunk's requests (each counted once, however many batches it took)."""
-        return self.num_requests
-
-    @property
-    def done(self) -> int:
-        """Lines with their final result: succeeded or failed for good."""
-        return self.succeeded + self.failed
-
-    @property
-    def waiting(self) -> int:
-        """Lines of the first batch not answered yet."""
-        return max(0, self.total - self.done - self.judging - self.retrying)
-
-    def elapsed_s(self, now: float) -> float | None:
-        """Seconds from submission to the end of the wait (or to now while it runs)."""
-        if self.started is None:
-            return None
-        end = self.ended.timestamp() if self.ended is not None else now
-        return max(0.0, end - self.started.timestamp())
-
-    def percent(self) -> tuple[float, float, float]:
-        """Return (succeeded %, failed %, being retried or judged %) of the chunk's requests."""
-        if not self.total:
-            return 0.0, 0.0, 0.0
-        return (
-            100.0 * self.succeeded / self.total,
-            100.0 * self.failed / self.total,
-            100.0 * (self.retrying + self.judging) / self.total,
-        )
-
-
-@dataclass
-class RunView:
-    """The view of one DAG run: a row per chunk plus the job totals."""
-
-    dag_id: str
-    run_id: str
-    run_state: str
-    chunks: list[ChunkRow] = field(default_factory=list)
-    summary: Mapping[str, Any] | None = None  # the merge summary, once the merge ran
-    merge_task: str | None = None  # the merge's task id (from the DB, not an XCom): where its report is
-    estimated_cost_usd: float | str | None = None  # None: a chunk is unpriced; UNREADABLE: one is no amount
-    generated_at: float = field(default_factory=time.time)
-
-    @property
-    def live(self) -> bool:
-        """Whether the run can still change (the page keeps refreshing)."""
-        return self.run_state in ("queued", "running")
-
-    @property
-    def requests(self) -> int:
-        """Requests of every chunk."""
-        return sum(c.num_requests for c in self.chunks)
-
-    @property
-    def done(self) -> int:
-        """Requests with their final result, over every chunk and batch."""
-        return sum(c.done for c in self.chunks)
-
-    @property
-    def completed(self) -> int:
-        """Requests that succeeded, over every chunk and batch (once merged, the rows the merge counts succeeded)."""
-        if self.summary and "succeeded" in self.summary:
-            return count_or_zero(self.summary.get("succeeded"))
-        return sum(c.succeeded for c in self.chunks)
-
-    @property
-    def failed(self) -> int:
-        """Requests that failed for good (or, once merged, rows the merge counts failed)."""
-        if self.summary and "failed" in self.summary:
-            return count_or_zero(self.summary.get("failed"))
-        return sum(c.failed for c in self.chunks)
-
-    @property
-    def retrying(self) -> int:
-        """Requests being sent again (or failed in a batch the sensor has not sorted yet)."""
-        return sum(c.retrying + c.judging for c in self.chunks)
-
-    @property
-    def errors(self) -> list[ErrorKind]:
-        """The run's top failure kinds: the merge's once it ran, else the chunks' so far."""
-        if self.summary:
-            return from_summary(self.summary)
-        return merge_kinds(c.errors for c in self.chunks)
-
-    @property
-    def cost_usd(self) -> tuple[Any, bool]:
-        """Return (cost, actual): the merge's actual batch cost once known, else the estimate (for ``show_usd``)."""
-        actual = mapping(self.summary).get("actual_cost_usd")
-        if actual is not None:
-            return actual, True
-        return self.estimated_cost_usd, False
 
 
 def _key(record: Mapping[str, Any]) -> tuple[str, int]:
@@ -187,8 +56,26 @@ def _row(rows: dict[tuple[str, int], ChunkRow], record: Mapping[str, Any]) -> Ch
     key = _key(record)
     if key not in rows:
         label = text(record.get("label")) or f"chunk {key[1] + 1}"
-        rows[key] = ChunkRow(key=key, label=label, num_requests=count_or_zero(record.get("num_requests")))
+        rows[key] = ChunkRow(key=key, label=label, num_requests=count_or_zero(record.get("num_requests")),
+                             carried=count_or_zero(record.get("num_carried")))  # fmt: skip
     return rows[key]
+
+
+def _apply_merge(rows: Iterable[ChunkRow], summary: Mapping[str, Any]) -> None:
+    """Take each chunk's counts from the merge: the final word, the same figures as the run's totals."""
+    merged = mapping(summary.get("chunk_counts"))  # results/summary.py chunk_counts
+    job_dirs = [text(d) for d in items(merged.get("job_dirs"))]  # as the rows are keyed (_key)
+    counts: dict[tuple[str, int], list[int]] = {}
+    for entry in items(merged.get("chunks")):
+        if isinstance(entry, list | tuple) and len(entry) == 5:
+            where, index, *values = (count_or_zero(value) for value in entry)
+            if where < len(job_dirs):
+                counts[(job_dirs[where], index)] = values
+    for row in rows:
+        if row.key in counts:
+            row.succeeded, row.failed, row.carried = counts[row.key]
+            row.judging = row.retrying = 0
+            row.merged = True
 
 
 Attempts = list[tuple[str, Mapping[str, Any] | None]]  # (batch id, end state or None while it runs)
@@ -226,8 +113,11 @@ def _live_attempt(progress: Mapping[str, Any], attempts: Attempts) -> int:
     return ids.index(batch_id) + 1 if batch_id in ids else len(attempts)
 
 
-def _tally(row: ChunkRow, attempts: Attempts, progress: Mapping[str, Any], sensor: TaskRecord) -> None:
-    """Count the chunk's lines over all its attempts, each line once, at its latest batch."""
+def _tally(row: ChunkRow, attempts: Attempts, progress: Mapping[str, Any], sensor: TaskRecord) -> int:
+    """Count the chunk's lines over all its attempts, each line once, at its latest batch.
+
+    Return how many lines of the last attempt failed for good once the wait ended (0 while it runs).
+    """
     live = _live_attempt(progress, attempts)
 
     def counts(k: int) -> tuple[int, int, int]:  # attempt k (1-based): its end state, else the last poll of it
@@ -236,6 +126,7 @@ def _tally(row: ChunkRow, attempts: Attempts, progress: Mapping[str, Any], senso
 
     finished = sensor.state == "success"
     sent = row.num_requests  # the lines attempt k sent (attempt 1: the whole chunk)
+    last_failed = 0
     for k in range(1, len(attempts) + 1):
         total, ok, ko = counts(k)
         if k == 1 or not total:  # the lines we sent; a batch reports total 0 until it is validated
@@ -247,10 +138,27 @@ def _tally(row: ChunkRow, attempts: Attempts, progress: Mapping[str, Any], senso
             row.failed += max(0, total - ok - resent)
             sent = resent
         elif attempts[k - 1][1] is not None and finished:
-            row.failed += max(0, total - ok)
+            last_failed = max(0, total - ok)
+            row.failed += last_failed
         else:  # running, or ended and being sorted by the sensor
             row.judging += ko
             row.retrying += max(0, total - ok - ko) if k > 1 else 0
+    return last_failed
+
+
+def _final_kinds(kinds: list[ErrorKind], last_failed: int, last_recorded: bool) -> list[ErrorKind]:
+    """Return a finished chunk's failure kinds: what failed for good, none still "sent again".
+
+    A last attempt the sensor did not scan (no follow-up allowed any more) has no record of its
+    own: its failed lines are the earlier attempts' retryable kind whose retries ran out.
+    """
+    final = [kind for kind in kinds if kind.final]
+    if last_failed and not last_recorded:
+        passing = [kind for kind in kinds if not kind.final]
+        name = passing[0].kind if passing else "failed in the chunk's last batch"
+        # No example ids: the earlier attempt's examples may be rows that succeeded when sent again.
+        final.append(ErrorKind(f"{name} [retries used up]", last_failed, True))
+    return sorted(final, key=lambda k: (-k.count, k.kind))
 
 
 def _apply_sensor(row: ChunkRow, sensor: TaskRecord) -> None:
@@ -262,16 +170,36 @@ def _apply_sensor(row: ChunkRow, sensor: TaskRecord) -> None:
         row.console_url = text(progress.get("console_url"), 2048) or row.console_url
     attempts = _attempts(sensor)
     row.succeeded = row.failed = row.judging = row.retrying = 0
-    _tally(row, attempts, progress, sensor)
+    last_failed = _tally(row, attempts, progress, sensor)
     row.attempts = [batch_id for batch_id, _ in attempts if batch_id] or row.attempts
     row.batch_id = row.attempts[0] if row.attempts else row.batch_id
     row.errors = from_attempts(sensor.errors[k] for k in sorted(sensor.errors))
+    if sensor.state == "success":
+        row.errors = _final_kinds(row.errors, last_failed, len(attempts) in sensor.errors)
     wait = mapping(sensor.checkpoint).get("token_wait")
     if isinstance(wait, Mapping) and wait and sensor.state in LIVE_TI_STATES:
         row.phase = "wait: the provider's token budget is full; the same lines go again"
         row.errors.insert(0, ErrorKind(TOKEN_LIMIT_KIND, row.total - row.done, final=False))
     if sensor.state not in LIVE_TI_STATES:
         row.ended = sensor.end_date
+
+
+def _apply_generate(rows: dict[tuple[str, int], ChunkRow], task: TaskRecord) -> None:
+    """A self-hosted generate task: its result is the chunk's completed batch; it maps over the chunks in order."""
+    result = mapping(task.result)
+    # Still running (or failed): no result yet; map index i is chunk i of the chunk step's list.
+    row = _row(rows, result) if result else next((r for r in rows.values() if r.key[1] == task.map_index), None)
+    if row is None:
+        return
+    row.submit_task = row.sensor_task = (task.task_id, task.map_index)
+    row.phase = f"generate: {task.state or 'not started'}"
+    row.started, row.ended = task.start_date, task.end_date
+    state = mapping(result.get("state"))
+    if state:
+        _, row.succeeded, row.failed = _counts(state, True)
+        row.provider_status = text(state.get("provider_status"))
+        row.batch_id = text(result.get("batch_id"))
+        row.attempts = [row.batch_id] if row.batch_id else []
 
 
 def _apply_submit(row: ChunkRow, submit: TaskRecord) -> None:
@@ -291,16 +219,7 @@ def build_run_view(dag_id: str, run_id: str, run_state: str, tasks: Iterable[Tas
     view = RunView(dag_id=dag_id, run_id=run_id, run_state=run_state)
     rows: dict[tuple[str, int], ChunkRow] = {}
     tasks = list(tasks)
-    estimates: list[Any] = []
-    for task in tasks:
-        if task.operator == CHUNK_OPERATOR and isinstance(task.result, list):
-            for descriptor in (d for d in task.result if isinstance(d, Mapping)):
-                _row(rows, descriptor)
-                estimates.append(descriptor.get("cost_expected_usd"))
-        elif task.operator == MERGE_OPERATOR:
-            view.merge_task = view.merge_task or task.task_id
-            if isinstance(task.result, Mapping):
-                view.summary, view.merge_task = task.result, task.task_id
+    backends = _read_plan(view, rows, tasks)
     # A submit still running has no result yet (its chunk is not known to be this map index).
     for task in (t for t in tasks if t.operator == SUBMIT_OPERATOR and isinstance(t.result, Mapping)):
         _apply_submit(_row(rows, task.result), task)
@@ -309,9 +228,43 @@ def build_run_view(dag_id: str, run_id: str, run_state: str, tasks: Iterable[Tas
         record = progress or (task.result if isinstance(task.result, Mapping) else None)
         if record:
             _apply_sensor(_row(rows, record), task)
+    generated = [t for t in tasks if t.operator in GENERATE_OPERATORS]
+    for task in generated:
+        _apply_generate(rows, task)
+    answered = [mapping(t.result) for t in generated if mapping(t.result)]
+    if answered:  # the chunk step guessed a provider; the task that answered knows it
+        backends = {_backend(result): None for result in answered}
+    view.backends = [b for b in backends if b]
+    if view.summary:
+        _apply_merge(rows.values(), view.summary)
     view.chunks = sorted(rows.values(), key=lambda r: r.key)
-    view.estimated_cost_usd = _estimate(estimates)
     return view
+
+
+def _read_plan(view: RunView, rows: dict[tuple[str, int], ChunkRow], tasks: list[TaskRecord]) -> dict[str, None]:
+    """Read the chunk step's descriptors, the merge summary and why a task stopped the run; return the backends."""
+    estimates: list[Any] = []
+    backends: dict[str, None] = {}
+    for task in tasks:
+        if task.stopped:
+            view.stopped = view.stopped or text(task.stopped.get("reason"), STOPPED_LIMIT)
+            backends.setdefault(_backend(task.stopped))
+        if task.operator == CHUNK_OPERATOR and isinstance(task.result, list):
+            for descriptor in (d for d in task.result if isinstance(d, Mapping)):
+                _row(rows, descriptor)
+                estimates.append(descriptor.get("cost_expected_usd"))
+                backends.setdefault(_backend(descriptor))
+        elif task.operator == MERGE_OPERATOR:
+            view.merge_task = view.merge_task or task.task_id
+            if isinstance(task.result, Mapping):
+                view.summary, view.merge_task = task.result, task.task_id
+    view.estimated_cost_usd = _estimate(estimates)
+    return backends
+
+
+def _backend(record: Mapping[str, Any]) -> str:
+    """Return "provider · model" of a chunk descriptor or completed batch ("" when it names neither)."""
+    return " · ".join(part for part in (text(record.get("provider"), 40), text(record.get("model"), 80)) if part)
 
 
 def _estimate(values: list[Any]) -> float | str | None:

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import quote
 
 from airflow_batch_provider.ui.model import RunView
-from airflow_batch_provider.ui.tables import RUN_COLUMNS, chunk_table, errors_panel, run_cells
+from airflow_batch_provider.ui.tables import RUN_COLUMNS, chunk_table, errors_panel, run_cells, stopped_note
 from airflow_batch_provider.ui.tables import STYLE as TABLE_STYLE
 from airflow_batch_provider.ui.values import mapping, show_count, show_usd, text
 
@@ -69,7 +69,7 @@ def _card(label: str, value: str, test_id: str) -> str:
 
 def _totals(view: RunView) -> str:
     cards = [
-        _card("requests", show_count(view.requests), "total-rows"),
+        _card("rows", show_count(view.requests), "total-rows"),
         _card("chunks", show_count(len(view.chunks)), "total-chunks"),
         _card("done (final result)", show_count(view.done), "total-done"),
         _card("succeeded", show_count(view.completed), "total-completed"),
@@ -77,13 +77,16 @@ def _totals(view: RunView) -> str:
         _card("being retried or checked", show_count(view.retrying), "total-retrying"),
         _card("expected cost (estimate)", show_usd(view.estimated_cost_usd), "estimated-cost"),
     ]
+    if view.carried:
+        cards.insert(3, _card("carried from an earlier run (not sent)", show_count(view.carried), "total-carried"))
     s: Mapping[str, Any] = mapping(view.summary)
     if s:
-        statuses = mapping(s.get("statuses"))
-        cards += [_card(f"rows {text(name)}", show_count(n), f"status-{text(name)}") for name, n in statuses.items()]
-        tokens = f"{show_count(s.get('input_tokens'))} / {show_count(s.get('output_tokens'))}"
+        # "succeeded" has its card above: the statuses add only how the failures ended.
+        statuses = {text(name): n for name, n in mapping(s.get("statuses")).items() if text(name) != "succeeded"}
+        cards += [_card(f"failed as {name}", show_count(n), f"status-{name}") for name, n in statuses.items()]
+        sent_in, sent_out = (s.get(f"new_{side}_tokens", s.get(f"{side}_tokens")) for side in ("input", "output"))
         cards += [
-            _card("tokens in / out", tokens, "tokens"),
+            _card("tokens in / out, this run's batches", f"{show_count(sent_in)} / {show_count(sent_out)}", "tokens"),
             _card("actual cost (batch)", show_usd(s.get("actual_cost_usd")), "actual-cost"),
             _card("same work in real time", show_usd(s.get("realtime_cost_usd")), "realtime-cost"),
         ]
@@ -102,14 +105,18 @@ def run_content(view: RunView, prefix: str, selected: tuple[str, int] | None = N
     return (
         f'<div id="content" data-live="{1 if view.live else 0}">'
         f'<p class="muted">run <b data-testid="run-state">{escape(view.run_state)}</b> · {live}{report}</p>'
-        f"{_totals(view)}{empty}{chunk_table(view, now, selected)}{errors_panel(view)}</div>"
+        f"{stopped_note(view)}{_totals(view)}{empty}{chunk_table(view, now, selected)}{errors_panel(view)}</div>"
     )
 
 
 def run_page(view: RunView, prefix: str, selected: tuple[str, int] | None = None) -> str:
     """Return the whole page of one DAG run."""
     title = f"LLM batches · {view.dag_id} / {view.run_id}"
-    head = f'<h1>LLM batches: {escape(view.dag_id)}</h1><p class="muted">run <code>{escape(view.run_id)}</code></p>'
+    backends = "".join(f" · <code class='backend'>{escape(name)}</code>" for name in view.backends)
+    head = (
+        f"<h1>LLM batches: {escape(view.dag_id)}</h1>"
+        f'<p class="muted">run <code>{escape(view.run_id)}</code>{backends}</p>'
+    )
     return page(title, head + run_content(view, prefix, selected))
 
 
@@ -124,6 +131,6 @@ def runs_page(runs: list[dict[str, Any]], prefix: str) -> str:
     body = (
         "<h1>LLM batches</h1><p class='muted'>Latest runs of DAGs with batch tasks you may read.</p>"
         "<table id='runs'><thead><tr><th>DAG</th><th>run</th><th>state</th><th>started</th>"
-        f"{RUN_COLUMNS}</tr></thead><tbody>{rows or '<tr><td colspan=7>No run yet.</td></tr>'}</tbody></table>"
+        f"{RUN_COLUMNS}</tr></thead><tbody>{rows or '<tr><td colspan=8>No run yet.</td></tr>'}</tbody></table>"
     )
     return page("LLM batches", body)

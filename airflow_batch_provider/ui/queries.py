@@ -8,8 +8,15 @@ from typing import Any
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from airflow_batch_provider.progress import ERRORS_KEY, PROGRESS_KEY
-from airflow_batch_provider.ui.model import OUR_OPERATORS, SENSOR_OPERATOR, RunView, TaskRecord, build_run_view
+from airflow_batch_provider.progress import ERRORS_KEY, PROGRESS_KEY, STOPPED_KEY
+from airflow_batch_provider.ui.model import (
+    ANSWERING_OPERATORS,
+    OUR_OPERATORS,
+    SENSOR_OPERATOR,
+    RunView,
+    TaskRecord,
+    build_run_view,
+)
 from airflow_batch_provider.ui.values import UNREADABLE, mapping
 
 SENSOR_CHECKPOINT = "batch_wait"  # BatchCompleteSensor's CHECKPOINT_KEY (not imported: the sensor pulls in the SDKs)
@@ -90,6 +97,7 @@ def _load_views(session: Session, runs: list[Any]) -> list[RunView]:
                 progress=mapping(values.get(PROGRESS_KEY)) or None,
                 checkpoint=mapping(checkpoints.get(key)) or None,
                 errors=_attempt_errors(values),
+                stopped=mapping(values.get(STOPPED_KEY)) or None,
             )
         )
     return [build_run_view(run.dag_id, run.run_id, str(run.state), records[run.id]) for run in runs]
@@ -103,7 +111,7 @@ def _xcoms(session: Session, run_ids: set[int], task_ids: list[str]) -> dict[tup
     if not task_ids:
         return found
     wanted = or_(
-        XComModel.key.in_(("return_value", PROGRESS_KEY)),
+        XComModel.key.in_(("return_value", PROGRESS_KEY, STOPPED_KEY)),
         XComModel.key.like(f"{ERRORS_KEY}.attempt-%"),
     )
     for run_pk, task_id, map_index, key, value in session.execute(
@@ -161,7 +169,7 @@ def load_recent_runs(session: Session, dag_ids: set[str] | None) -> list[dict[st
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
 
-    uses_us = select(TaskInstance.dag_id).where(TaskInstance.operator == SENSOR_OPERATOR).distinct()
+    uses_us = select(TaskInstance.dag_id).where(TaskInstance.operator.in_(ANSWERING_OPERATORS)).distinct()
     query = select(DagRun).where(DagRun.dag_id.in_(uses_us))
     if dag_ids is not None:
         query = query.where(DagRun.dag_id.in_(dag_ids))

@@ -19,22 +19,24 @@ from airflow_batch_provider.ui.model import ChunkRow, RunView
 from airflow_batch_provider.ui.values import show_usd, usd
 
 # Bar colours as SVG presentation attributes (not CSS): they need no style-src.
-_OK, _KO, _RETRY = "#2e7d32", "#c62828", "#f9a825"
-RUN_COLUMNS = "<th>progress</th><th>failed</th><th>cost</th>"
+_OK, _KO, _RETRY, _CARRIED = "#2e7d32", "#c62828", "#f9a825", "#78909c"
+RUN_COLUMNS = "<th>backend</th><th>progress</th><th>failed</th><th>cost</th>"
 _CHUNK_HEAD = (
-    '<table id="chunks" class="fit"><thead><tr><th>chunk</th><th>progress (done / requests)</th><th>succeeded</th>'
+    '<table id="chunks" class="fit"><thead><tr><th>chunk</th><th>progress (done / rows)</th><th>succeeded</th>'
     "<th>failed for good</th><th>being retried</th><th>batches (first, then follow-ups)</th>"
     "<th>status</th><th>elapsed</th></tr></thead><tbody>"
 )
 # Rules for these tables, appended to the page's style sheet (no style attribute anywhere). Fixed
-# layout with set column widths; every cell may wrap, ids anywhere, so nothing pushes the page wider.
+# layout with set column widths; cells wrap between words. Only ids (in <code>) may break anywhere:
+# a batch id has no spaces and would push the page wider; words and headers never break inside.
 STYLE = (
-    "table.fit{table-layout:fixed;width:100%} table.fit td{white-space:normal;overflow-wrap:anywhere}"
-    "table.fit th{white-space:normal;overflow-wrap:break-word;hyphens:auto}"
+    "table.fit{table-layout:fixed;width:100%} table.fit td{white-space:normal;overflow-wrap:break-word}"
+    "table.fit td code{overflow-wrap:anywhere} table.fit th{white-space:normal;overflow-wrap:normal;hyphens:manual}"
     "svg.meter{display:block;width:100%;height:12px} td.batches code{display:block;font-size:11px}"
     "tr.chunk-errors td{border-bottom:1px solid #e4e7eb;padding-top:0} ul.errors{margin:0;padding-left:18px}"
     "ul.errors li,#error-kinds td{font-size:12px} .hint{color:#8a4b00} .ids code{background:#f5f7fa}"
     "h2{font-size:16px;margin:18px 0 6px} p.note{font-size:12px;margin:4px 0}"
+    "div.stopped{color:#8a1c1c;font-size:12px;max-width:60em;overflow-wrap:break-word}"
     + "".join(
         f"#{table} th:nth-child({i}){{width:{width}%}}"
         for table, widths in (("chunks", (13, 15, 10, 8, 8, 28, 10, 8)), ("error-kinds", (7, 33, 8, 20, 32)))
@@ -59,10 +61,11 @@ def _elapsed(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def bar(ok: float, ko: float, retry: float, title: str) -> str:
-    """Return a stacked bar (succeeded, failed, being retried; percentages) as inline SVG."""
+def bar(ok: float, ko: float, retry: float, title: str, carried: float = 0.0) -> str:
+    """Return a stacked bar (carried from an earlier run, succeeded, failed, being retried; percentages) as SVG."""
     parts, x = [], 0.0
-    for name, width, colour in (("ok", ok, _OK), ("ko", ko, _KO), ("retry", retry, _RETRY)):
+    segments = (("carried", carried, _CARRIED), ("ok", ok, _OK), ("ko", ko, _KO), ("retry", retry, _RETRY))
+    for name, width, colour in segments:
         width = max(0.0, min(100.0 - x, width))
         parts.append(f'<rect class="{name}" x="{x:.2f}" y="0" width="{width:.2f}" height="10" fill="{colour}"/>')
         x += width
@@ -84,26 +87,34 @@ def _batches(row: ChunkRow) -> str:
 
 
 def _chunk_row(row: ChunkRow, now: float, selected: tuple[str, int] | None) -> str:
-    ok, ko, retry = row.percent()
+    ok, ko, retry, carried = row.percent()
     title = (
         f"{row.succeeded:,} succeeded, {row.failed:,} failed for good, {row.retrying:,} in follow-up batches, "
         f"{row.judging:,} failed in a batch being checked, {row.waiting:,} waiting, of {row.total:,}"
+        + (f"; {row.carried:,} carried from an earlier run" if row.carried else "")
     )
     chosen = " selected" if selected is not None and selected in (row.submit_task, row.sensor_task) else ""
     attrs = {
         "data-chunk": row.key[1], "data-done": row.done, "data-total": row.total, "data-completed": row.succeeded,
         "data-failed": row.failed, "data-retrying": row.retrying + row.judging, "data-waiting": row.waiting,
+        "data-carried": row.carried,
     }  # fmt: skip
     data = " ".join(f'{name}="{_e(value)}"' for name, value in attrs.items())
     status = _e(row.provider_status or "-")
     return (
         f'<tr class="chunk{chosen}" {data}><td>{_e(row.label)}</td>'
-        f"<td>{bar(ok, ko, retry, title)}<span class='muted counts'>{_n(row.done)} / {_n(row.total)}</span></td>"
+        f"<td>{bar(ok, ko, retry, title, carried)}<span class='muted counts'>{_n(row.done)} / {_n(row.total)}"
+        f"{_carried(row.carried)}</span></td>"
         f"<td class='n'>{_n(row.succeeded)}</td><td class='n failed'>{_n(row.failed)}</td>"
         f"<td class='n retrying'>{_n(row.retrying + row.judging)}</td>{_batches(row)}"
         f"<td><span class='status'>{status}</span><br><span class='muted phase'>{_e(row.phase)}</span></td>"
         f"<td class='n'>{_e(_elapsed(row.elapsed_s(now)))}</td></tr>{_chunk_errors(row)}"
     )
+
+
+def _carried(rows: int) -> str:
+    """The counts' note of rows carried from an earlier run (skip_unchanged), or nothing."""
+    return f" <span class='carried'>({_n(rows)} carried)</span>" if rows else ""
 
 
 def _kind_item(kind: ErrorKind) -> str:
@@ -127,12 +138,17 @@ def _chunk_errors(row: ChunkRow) -> str:
 def chunk_table(view: RunView, now: float | None = None, selected: tuple[str, int] | None = None) -> str:
     """Return the chunk table: one row per chunk, and under it what failed with a next step."""
     now = time.time() if now is None else now
-    note = (
-        "<p class='muted note'>Chunk counts are what the provider reported for each batch; the merge's totals "
-        "above also count the answers it rejected (cut off, not valid JSON).</p>"
-        if view.summary
-        else ""
-    )
+    note = ""
+    if any(row.merged for row in view.chunks):
+        note = (
+            "<p class='muted note'>Chunk counts are the merge's, as in the totals above (answers it rejected, cut "
+            "off or not valid JSON, count as failed); the lists under each chunk are what its batches reported.</p>"
+        )
+    elif view.summary:
+        note = (
+            "<p class='muted note'>Chunk counts are what the provider reported for each batch; the merge's totals "
+            "above also count the answers it rejected (cut off, not valid JSON).</p>"
+        )
     return _CHUNK_HEAD + "".join(_chunk_row(row, now, selected) for row in view.chunks) + "</tbody></table>" + note
 
 
@@ -157,18 +173,33 @@ def errors_panel(view: RunView) -> str:
     )
 
 
+_NO_COUNTS = "<td class='n failed'>-</td><td class='n cost'>-</td>"
+
+
 def run_cells(run: Mapping[str, Any]) -> str:
     """Return the runs list's progress, failed and cost cells of one run (``run["view"]``: its RunView)."""
     view = run.get("view")
-    if not isinstance(view, RunView) or not view.chunks:
-        return "<td class='progress'>-</td><td class='n failed'>-</td><td class='n cost'>-</td>"
-    total = view.requests
-    done = view.done
-    ok, ko, retry = (100.0 * v / total if total else 0.0 for v in (view.completed, view.failed, view.retrying))
+    if not isinstance(view, RunView):
+        return "<td class='backend'>-</td><td class='progress'>-</td>" + _NO_COUNTS
+    backend = "<br>".join(f"<code>{_e(name)}</code>" for name in view.backends) or "-"
+    if not view.chunks:
+        return f"<td class='backend'>{backend}</td><td class='progress'>{stopped_note(view) or '-'}</td>" + _NO_COUNTS
+    total, done, carried = view.requests, view.done, view.carried
+    ok, ko, retry, kept = view.percent()
     cost, actual = view.cost_usd
     cost_text = show_usd(cost) + ("" if actual or usd(cost) is None else " (estimate)")
+    title = f"{done:,} of {total:,} done" + (f", {carried:,} carried from an earlier run" if carried else "")
     return (
-        f"<td class='progress' data-done='{_e(done)}' data-total='{_e(total)}'>"
-        f"{bar(ok, ko, retry, f'{done:,} of {total:,} done')}<span class='muted'>{_n(done)} / {_n(total)}</span></td>"
+        f"<td class='backend'>{backend}</td>"
+        f"<td class='progress' data-done='{_e(done)}' data-total='{_e(total)}' data-carried='{_e(carried)}'>"
+        f"{bar(ok, ko, retry, title, kept)}<span class='muted'>{_n(done)} / {_n(total)}{_carried(carried)}</span></td>"
         f"<td class='n failed'>{_n(view.failed)}</td><td class='n cost'>{_e(cost_text)}</td>"
     )
+
+
+def stopped_note(view: RunView) -> str:
+    """Say why a task stopped the run before anything was paid (the cost guard's own message), or nothing."""
+    if not view.stopped:
+        return ""
+    head = "<b>Stopped before anything was sent:</b>"
+    return f"<div class='stopped' data-testid='stopped'>{head} {_e(view.stopped)}</div>"

@@ -117,7 +117,7 @@ def test_view_shows_each_chunk_and_links_to_the_provider_and_the_report(
     assert [r["chunk"] for r in rows] == list(range(CHUNKS))
     assert all(r["completed"] == r["total"] == CHUNK_SIZE and r["failed"] == 0 for r in rows), rows
     assert driver.find_element(By.CSS_SELECTOR, "[data-testid=total-rows] b").text == f"{ROWS:,}"
-    assert driver.find_element(By.CSS_SELECTOR, "[data-testid=status-succeeded] b").text == f"{ROWS:,}"
+    assert driver.find_element(By.CSS_SELECTOR, "[data-testid=total-completed] b").text == f"{ROWS:,}"
     assert driver.find_element(By.CSS_SELECTOR, "[data-testid=run-state]").text == "success"
     statuses = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#chunks span.status")]
     assert statuses == ["completed"] * CHUNKS
