@@ -20,13 +20,16 @@ Life of one chunk, and the methods each step calls:
 3. line retries (the sensor): :meth:`iter_failed_results`, then :meth:`iter_results` when lines
    have no result at all.
 4. merge (MergeResultsOperator): :meth:`iter_result_tables`.
+
+Before all of them, the chunk step's pre-flight canary (:mod:`airflow_batch_provider.batches.canary`)
+calls :meth:`answer_now` on a few request lines.
 """
 
 from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow.sdk import BaseHook
@@ -40,6 +43,10 @@ if TYPE_CHECKING:
 
 #: The batch metadata key that carries a submission's idempotency key (see :meth:`BatchHook.find_existing`).
 IDEMPOTENCY_METADATA_KEY = "airflow_idempotency_key"
+
+
+class NoRealtimeEndpointError(NotImplementedError):
+    """Raised by :meth:`BatchHook.answer_now` of a backend that sends nothing through a real-time API."""
 
 
 class BatchHook(BaseHook, ABC):
@@ -138,6 +145,17 @@ class BatchHook(BaseHook, ABC):
         Called only when :attr:`supports_token_budget` is True (the default raises).
         """
         raise NotImplementedError(f"the {self.provider} backend does not count enqueued tokens")
+
+    def answer_now(self, request_lines: Sequence[bytes], *, model: str) -> list[bytes]:
+        """Send request lines of a chunk file (of ``model``) through the provider's real-time API, one call each.
+
+        Return one line per request, in order, shaped like a line of the provider's batch results
+        (what the backend's ``parse_result`` reads): an answer or an error the API gave becomes a
+        result line, never an exception. For the pre-flight canary (a few lines, billed at
+        real-time prices). ``model`` is the chunk's: the lines of some providers do not name it
+        (Bedrock's, Gemini's). The default raises :class:`NoRealtimeEndpointError`.
+        """
+        raise NoRealtimeEndpointError(f"the {self.provider} backend has no real-time call in this provider yet")
 
     # -- wait and cancel ------------------------------------------------------------------------
     @abstractmethod

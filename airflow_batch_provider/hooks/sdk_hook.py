@@ -10,10 +10,13 @@ names those, and this class builds the clients (the async one off the event loop
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from functools import cached_property
+from collections.abc import Awaitable, Callable, Sequence
+from functools import cached_property, partial
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
+import orjson
+
+from airflow_batch_provider.exceptions import ProviderCallError
 from airflow_batch_provider.hooks.base import BatchHook
 from airflow_batch_provider.hooks.sdk_clients import anew_client, connection_client_kwargs, new_client
 from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries, call_with_retries
@@ -21,6 +24,29 @@ from airflow_batch_provider.utils.retry import RetryPolicy, acall_with_retries, 
 SyncClientT = TypeVar("SyncClientT")
 AsyncClientT = TypeVar("AsyncClientT")
 T = TypeVar("T")
+#: Builds one batch-result line: (custom_id, HTTP status, answer body or error object) -> JSON object.
+ResultLineBuilder = Callable[[str, int, dict[str, Any]], dict[str, Any]]
+
+
+def json_object(answer: object) -> dict[str, Any]:
+    """Return a real-time answer's JSON body; anything but an object fails that request (answers are hostile)."""
+    if not isinstance(answer, dict):
+        raise ValueError(f"the real-time answer is not a JSON object but {type(answer).__name__}")
+    return answer
+
+
+def api_error(exc: BaseException | None) -> tuple[int, dict[str, Any]]:
+    """Return (HTTP status, ``{type, code, message}``) of a failed SDK call; status 0 when no answer came."""
+    status = getattr(exc, "status_code", 0) or 0
+    body = getattr(exc, "body", None)
+    # OpenAI's SDK keeps the inner error object, Anthropic's the whole {"type": "error", "error": {...}}.
+    error = body.get("error", body) if isinstance(body, dict) else {}
+    error = error if isinstance(error, dict) else {}
+    return status, {
+        "type": error.get("type") or type(exc).__name__,
+        "code": error.get("code"),
+        "message": str(error.get("message") or exc),
+    }
 
 
 class SdkBatchHook(BatchHook, Generic[SyncClientT, AsyncClientT]):
@@ -37,6 +63,8 @@ class SdkBatchHook(BatchHook, Generic[SyncClientT, AsyncClientT]):
     sync_client_class: ClassVar[type[Any]]
     async_client_class: ClassVar[type[Any]]
     sdk_error: ClassVar[type[Exception]]
+    #: Client arguments any one of which authenticates (Azure's clients take a token provider instead of a key).
+    credential_args: ClassVar[tuple[str, ...]] = ("api_key",)
 
     def __init__(
         self,
@@ -61,7 +89,7 @@ class SdkBatchHook(BatchHook, Generic[SyncClientT, AsyncClientT]):
 
     def _client_kwargs(self, conn: Any) -> dict[str, Any]:
         kwargs = self.sdk_client_kwargs(conn)
-        if not kwargs["api_key"]:
+        if not any(kwargs.get(name) for name in self.credential_args):
             raise self.sdk_error(
                 f"Connection {self.conn_id!r} has no API key: put it in the connection's password field."
             )
@@ -91,3 +119,22 @@ class SdkBatchHook(BatchHook, Generic[SyncClientT, AsyncClientT]):
     async def _acall(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         """Async twin of :meth:`_call` (``fn`` returns an awaitable)."""
         return await acall_with_retries(fn, what=what, classify=self.classify_error, policy=self.retry_policy)
+
+    def _answer_each(
+        self, request_lines: Sequence[bytes], send: Callable[[dict[str, Any]], dict[str, Any]], line: ResultLineBuilder
+    ) -> list[bytes]:
+        """Do :meth:`answer_now` with ``send`` (one real-time call, its answer as JSON) and ``line`` (its result line).
+
+        Each call is retried like every other call of the hook; an error the API still gives is the line's answer.
+        """
+        answers: list[bytes] = []
+        for raw in request_lines:
+            request = orjson.loads(raw)
+            custom_id = str(request.get("custom_id"))
+            try:
+                answer = self._call(f"real-time request {custom_id!r}", partial(send, request))
+                answers.append(orjson.dumps(line(custom_id, 200, answer)))
+            except ProviderCallError as exc:
+                status, error = api_error(exc.__cause__)
+                answers.append(orjson.dumps(line(custom_id, status, error)))
+        return answers

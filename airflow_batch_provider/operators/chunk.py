@@ -7,6 +7,14 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 
+from airflow_batch_provider.batches.canary import (
+    DEFAULT_CANARY_MAX_FAILURES,
+    DEFAULT_CANARY_ROWS,
+    CanaryFailedError,
+    canary_summary,
+    check_canary_args,
+    run_canary,
+)
 from airflow_batch_provider.chunking.chunks import (
     DEFAULT_CHUNK_SIZE,
     build_chunks,
@@ -19,7 +27,7 @@ from airflow_batch_provider.chunking.incremental import (
     carried_summary,
     check_carry_statuses,
 )
-from airflow_batch_provider.chunking.spec import RequestSpec, check_endpoint, default_endpoint
+from airflow_batch_provider.chunking.spec import RequestSpec, check_endpoint, default_endpoint, renderer_for
 from airflow_batch_provider.chunking.templates import PromptTemplate
 from airflow_batch_provider.cost.estimate import (
     CostEstimate,
@@ -32,9 +40,10 @@ from airflow_batch_provider.cost.estimate import (
     usd,
 )
 from airflow_batch_provider.descriptors import ChunkDescriptor
-from airflow_batch_provider.exceptions import InvalidInputError
+from airflow_batch_provider.exceptions import CostLimitExceededError, InvalidInputError
 from airflow_batch_provider.job_folder import JobFolder, default_job_dir
 from airflow_batch_provider.metrics import BatchMetrics
+from airflow_batch_provider.progress import publish_stopped
 
 
 class ChunkOperator(BaseOperator):
@@ -53,8 +62,9 @@ class ChunkOperator(BaseOperator):
         SubmitBatchOperator.partial(task_id="submit").expand(chunk=chunks.output)
 
     Bad input (missing columns, null or duplicate ids, blank prompts or a row whose every template
-    value is blank, text that is not UTF-8, an unclosed csv quote, a request over the byte cap, a
-    model that cannot serve the endpoint...) fails here with the rows named, before anything is
+    value is blank, text that is not UTF-8, an unclosed csv quote, a request over the byte cap or
+    the model's context window, a column name a SQL sink cannot hold, a model that cannot serve the
+    endpoint...) fails here with the rows named, before anything is
     submitted, and leaves no
     half-written files: chunks are written to a staging folder and moved into ``job_dir/chunks``
     only once the whole table validated. Re-running replaces ``job_dir/chunks`` with identical files.
@@ -73,7 +83,7 @@ class ChunkOperator(BaseOperator):
     :param endpoint: one of the backend's endpoints (``Backend.endpoints``; default: its first, e.g.
         OpenAI's ``/v1/chat/completions``).
     :param job_dir: folder for this job's files; default
-        ``{$AIRFLOW_BATCH_WORK_DIR or $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}-{hash}/{task_id}``
+        ``{[llm_batch] work_dir, default $AIRFLOW_HOME/batch_jobs}/{dag_id}/{run_id}-{hash}/{task_id}``
         (the run_id cleaned to ``[A-Za-z0-9._-]``, plus 8 hex of its sha256 so that every run_id gets
         its own folder). Templated.
     :param system_prompt: optional system prompt. Templated.
@@ -82,6 +92,10 @@ class ChunkOperator(BaseOperator):
         ``temperature``, ``stop``...), checked by the backend before any row is read (some require
         ``max_tokens``). Not templated: Jinja would turn numbers into strings.
     :param response_schema: JSON Schema dict or pydantic model class for structured output.
+    :param prompt_caching: mark the shared prefix (system prompt, schema) for the provider's prompt
+        cache when it is long enough for the model (default True; Anthropic: a ``cache_control``
+        breakpoint with a 1-hour TTL, or pass the TTL, ``"5m"`` or ``"1h"``); False never does. A
+        prefix too short to cache is said once in the log. See docs/cost.md, "Prompt caching".
     :param chunk_size: requests per chunk, 1 … the backend's ``limits.max_requests``. Templated
         (e.g. ``"{{ params.chunk_size }}"``: checked once rendered).
         A job may have at most ``[core] max_map_length`` chunks (1,024 by default; see docs/performance.md).
@@ -106,6 +120,15 @@ class ChunkOperator(BaseOperator):
         "errored")``; ``errored`` means final errors only, such as a 400). Drop ``invalid_output``
         to pay again for answers that failed the schema. Rows never answered (expired, canceled,
         missing) or failed retryably are always sent again.
+    :param canary_rows: requests of the job (spread evenly over it) answered through the provider's
+        real-time API once the chunks are written, before anything is uploaded; each answer is checked
+        as the merge would and logged beside its request (``airflow_batch_provider.batches.canary``).
+        Their rows still go in the batch: the canary costs this many extra real-time requests (the
+        summary shows the estimate). 0 skips it.
+    :param canary_max_failures: failed canary answers tolerated; one more fails the task before upload,
+        naming each failed request, why, and what to change.
+    :param conn_id: the connection the canary calls (default: the backend hook's default connection);
+        the same one the submit step uses. Templated.
     """
 
     template_fields: Sequence[str] = (
@@ -118,6 +141,7 @@ class ChunkOperator(BaseOperator):
         "max_cost_usd",
         "previous_output",
         "chunk_size",
+        "conn_id",
     )
     ui_color = "#eef7e8"
 
@@ -134,6 +158,7 @@ class ChunkOperator(BaseOperator):
         id_column: str | None = None,
         request_params: Mapping[str, Any] | None = None,
         response_schema: Mapping[str, Any] | type[Any] | None = None,
+        prompt_caching: bool | str = True,
         chunk_size: int | str = DEFAULT_CHUNK_SIZE,
         byte_cap: int | None = None,
         columns: Sequence[str] | None = None,
@@ -144,16 +169,13 @@ class ChunkOperator(BaseOperator):
         skip_unchanged: bool = False,
         previous_output: str | None = None,
         carry_statuses: Collection[str] = DEFAULT_CARRY_STATUSES,
+        canary_rows: int = DEFAULT_CANARY_ROWS,
+        canary_max_failures: int = DEFAULT_CANARY_MAX_FAILURES,
+        conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if skip_unchanged and not previous_output:
-            raise InvalidInputError(
-                "skip_unchanged=True needs previous_output: the merged dataset of earlier runs "
-                "(usually the same folder as MergeResultsOperator's output_dir)."
-            )
-        self.skip_unchanged = skip_unchanged
-        self.previous_output = previous_output
+        self.skip_unchanged, self.previous_output = _incremental_args(skip_unchanged, previous_output)
         self.carry_statuses = sorted(check_carry_statuses(carry_statuses))
         if not (isinstance(max_cost_usd, str) and "{{" in max_cost_usd):
             parse_max_cost_usd(max_cost_usd)  # a bad limit is a DAG import error, not a failed run
@@ -170,9 +192,12 @@ class ChunkOperator(BaseOperator):
         self.id_column = id_column
         self.request_params = dict(request_params or {})
         self.response_schema = response_schema
+        self.prompt_caching = prompt_caching
         self.chunk_size = chunk_size
         self.byte_cap = byte_cap
         self.columns = list(columns) if columns is not None else None
+        self.canary_rows, self.canary_max_failures = check_canary_args(canary_rows, canary_max_failures)
+        self.conn_id = conn_id
         # Cheap checks run at DAG parse time, so a bad argument shows as an import error, not a failed
         # run. A Jinja-templated provider (e.g. "{{ params.provider }}") is checked once rendered.
         self.endpoint = endpoint
@@ -193,6 +218,7 @@ class ChunkOperator(BaseOperator):
             system_prompt=system_prompt,
             params=self.request_params,
             response_schema=self.response_schema,
+            prompt_caching=self.prompt_caching,
         )
 
     def _chunk_size(self) -> int:
@@ -261,16 +287,44 @@ class ChunkOperator(BaseOperator):
             *(carried_summary(skipped) if skipped else []),
             ("expected cost", _cost_line(estimate.expected)),
             ("cost upper bound", _cost_line(estimate.upper_bound)),
+            ("canary", canary_summary(estimate, self.canary_rows)),
             ("written to", str(JobFolder(job_dir).chunks.folder)),
         ]
         width = max(len(name) for name, _ in summary)
         self.log.info("Chunk summary:\n%s", "\n".join(f"  {name:<{width}}  {value}" for name, value in summary))
         # Last, so the estimate is logged either way; nothing has been uploaded yet.
-        check_budget(estimate, self.max_cost_usd, self.max_cost_basis)
+        self._check_budget(context, spec, estimate)
+        # After the guard (an over-budget job pays for no canary), before the submit tasks upload anything.
+        self._run_canary(context, spec, descriptors)
         return descriptors
+
+    def _run_canary(self, context: Context, spec: RequestSpec, descriptors: list[ChunkDescriptor]) -> None:
+        """Raise CanaryFailedError when too many canary answers fail; the "LLM batches" view shows why."""
+        try:
+            run_canary(
+                descriptors,
+                rows=self.canary_rows,
+                max_failures=self.canary_max_failures,
+                conn_id=self.conn_id,
+                request_params=self.request_params,
+            )
+        except CanaryFailedError as exc:
+            publish_stopped(context, str(exc), provider=spec.provider, model=spec.model)
+            raise
+
+    def _check_budget(self, context: Context, spec: RequestSpec, estimate: JobEstimate) -> None:
+        """Raise CostLimitExceededError over max_cost_usd; the "LLM batches" view shows its message with the run."""
+        try:
+            check_budget(estimate, self.max_cost_usd, self.max_cost_basis)
+        except CostLimitExceededError as exc:
+            publish_stopped(context, str(exc), provider=spec.provider, model=spec.model)
+            raise
 
     def _estimate_cost(self, context: Context, spec: RequestSpec, descriptors: list[ChunkDescriptor]) -> JobEstimate:
         """Estimate the job's cost from the chunk files, record it per chunk, and emit metrics."""
+        cache_note = renderer_for(spec).cache_note  # once per job: why its shared prefix is not cached
+        if cache_note:
+            self.log.info("%s", cache_note)
         per_chunk = [
             estimate_chunks_cost([d], expected_output_tokens=self.expected_output_tokens, pricing=self.pricing)
             for d in descriptors
@@ -287,6 +341,16 @@ class ChunkOperator(BaseOperator):
         metrics.chunks_waiting(len(descriptors))
         metrics.batch_fill_rate([d["num_requests"] for d in descriptors], self._chunk_size())
         return estimate
+
+
+def _incremental_args(skip_unchanged: bool, previous_output: str | None) -> tuple[bool, str | None]:
+    """Return the two arguments when they fit together (``skip_unchanged`` needs ``previous_output``)."""
+    if skip_unchanged and not previous_output:
+        raise InvalidInputError(
+            "skip_unchanged=True needs previous_output: the merged dataset of earlier runs "
+            "(usually the same folder as MergeResultsOperator's output_dir)."
+        )
+    return skip_unchanged, previous_output
 
 
 def _cost_line(estimate: CostEstimate) -> str:

@@ -56,6 +56,7 @@ class Store:
         # The realtime requests' ``priority`` field as received (JSON text; "absent"): what a client sent.
         self.realtime_priorities: Counter[str] = Counter()
         self._ids = itertools.count()
+        self._realtime_ids = itertools.count()
         self._in_flight = 0
         self._delayed: Counter[tuple[str, str]] = Counter()
         self._held: dict[int, HeldCall] = {}
@@ -71,6 +72,15 @@ class Store:
         n = next(self._ids)
         digest = hashlib.blake2b(f"{self.initial_faults.seed}:{n}".encode(), digest_size=16).hexdigest()
         return prefix + digest[:length]
+
+    def new_realtime_id(self) -> str:
+        """Return the id of a real-time answer, from a sequence of its own.
+
+        So the ids of files and batches do not depend on how many real-time calls came first (a
+        client's pre-flight canary, for one).
+        """
+        n = next(self._realtime_ids)
+        return hashlib.blake2b(f"{self.initial_faults.seed}:realtime:{n}".encode(), digest_size=16).hexdigest()[:24]
 
     def bump(self, section: str, key: str, amount: int = 1) -> None:
         """Add ``amount`` to counter ``section.key``."""

@@ -67,7 +67,7 @@ def test_the_tasks_get_what_they_own_and_shared_arguments_go_to_each():
         "/data/products.parquet",
     )
     assert submit.partial_kwargs["conn_id"] == wait.partial_kwargs["conn_id"] == merge.conn_id == "my_openai"
-    assert "conn_id" not in vars(chunk)  # the chunk step connects to nothing
+    assert chunk.conn_id == "my_openai"  # the chunk step's canary calls the job's connection too
     assert wait.partial_kwargs["poll_interval"] == 7 and merge.max_failure_ratio == 0.2 and merge.pricing == pricing
     assert chunk.retries == submit.partial_kwargs["retries"] == merge.retries == 4
     assert wait.partial_kwargs["retries"] == 9  # per_task wins for its task
