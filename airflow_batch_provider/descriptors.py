@@ -79,8 +79,10 @@ class ResultRecord(TypedDict):
     error: str | None
     error_code: str | None
     http_status: int | None
-    input_tokens: int | None
+    input_tokens: int | None  # every input token, cached ones included
     output_tokens: int | None
+    cached_input_tokens: NotRequired[int | None]  # of input_tokens: read from the prompt cache (None: not reported)
+    cache_write_tokens: NotRequired[int | None]  # of input_tokens: written to the prompt cache
 
 
 Given = TypeVar("Given")

@@ -10,7 +10,12 @@ re-recorded at the merge of the hardening branch (issue 13) for its intended cha
 output parts and carry files gained the ``error_code`` column (all null here: every row
 succeeds), the Anthropic run's default model became
 the priced ``claude-haiku-4-5`` (so its request lines, fingerprints, answers and cost figures
-changed), and ``chunks/manifest.json`` is now the final descriptor list (written last). Job
+changed), and ``chunks/manifest.json`` is now the final descriptor list (written last); and again
+for prompt caching (issue 40): ``_SUMMARY.json`` gained the cache keys (``cached_input_tokens``,
+``cache_write_tokens``, ``uncached_cost_usd``, ``cache_saved_usd``) and the emulator counts Claude
+input tokens as the estimate does, which changed the Anthropic parts' and carry files'
+``input_tokens`` (request files, descriptors and manifests are unchanged: the example's system
+prompt is too short to cache). Job
 folder names (run_id plus a hash) do not show: paths are normalised. Regenerate them only for an
 intended format change: ``ABP_RECORD_GOLDEN=1 pytest tests/test_job_folder_golden.py``.
 

@@ -204,6 +204,8 @@ def read_carried(carry_path: str) -> pa.Table:
     columns["http_status"] = pc.if_else(answered, pa.scalar(200, pa.int64()), pa.scalar(None, pa.int64()))
     for name in ("input_tokens", "output_tokens"):
         columns[name] = table.column(name).cast(pa.int64())
+    for name in ("cached_input_tokens", "cache_write_tokens"):  # paid for in the run that sent them
+        columns[name] = pa.chunked_array([pa.nulls(count, pa.int64())])
     columns["batch_id"] = table.column("batch_id")
     return pa.table(columns)
 

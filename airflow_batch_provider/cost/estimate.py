@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from airflow_batch_provider.cost.caching import assumed_split, cache_note, cache_rows
+from airflow_batch_provider.cost.money import usd
 from airflow_batch_provider.cost.pricing import PricingTable, load_pricing
 from airflow_batch_provider.cost.tokens import TokenCounter, TokenTally, count_request_tokens
 from airflow_batch_provider.exceptions import CostLimitExceededError, InvalidInputError
@@ -46,11 +48,28 @@ class CostEstimate:
     provider: str = ""
     method: str = ""  # how input tokens were counted ("tiktoken o200k_base", "approximation ...", "actual usage")
     output_basis: str = ""  # where output tokens came from ("max_tokens", "expected_output_tokens=5", ...)
+    # Of input_tokens: read from and written to the prompt cache (estimated: see cost/caching.py).
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    uncached_batch_usd: float | None = None  # the batch price of the same tokens without prompt caching
+    cache_basis: str = ""  # how the cached tokens were obtained (the hit rate assumed, or "actual usage")
 
     @property
     def priced(self) -> bool:
         """Return True when the model's price was known."""
         return self.batch_usd is not None and self.realtime_usd is not None
+
+    @property
+    def cache_saving_usd(self) -> float | None:
+        """Return what prompt caching saves on the batch price (negative when writes cost more than reads save)."""
+        if self.batch_usd is None or self.uncached_batch_usd is None:
+            return None
+        return self.uncached_batch_usd - self.batch_usd
+
+    def cache_note(self) -> str:
+        """Return "" without cached tokens, else what caching reads and writes and what it saves."""
+        written, uncached = self.cache_write_tokens, self.uncached_batch_usd
+        return cache_note(self.cache_basis, self.cached_input_tokens, written, self.batch_usd, uncached)
 
     @property
     def saving_usd(self) -> float | None:
@@ -61,7 +80,7 @@ class CostEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         """Return a JSON-able dict (for XCom and the run summary)."""
-        return {**asdict(self), "saving_usd": self.saving_usd}
+        return {**asdict(self), "saving_usd": self.saving_usd, "cache_saving_usd": self.cache_saving_usd}
 
     def describe(self) -> str:
         """Return one line: requests, tokens and how they were counted, and both prices."""
@@ -71,7 +90,8 @@ class CostEstimate:
         )
         if not self.priced:
             return f"{tokens}; no price known for {self.model}"
-        return f"{tokens} = {usd(self.batch_usd)} batch, {usd(self.realtime_usd)} real-time"
+        cache = f"; {self.cache_note()}" if self.cache_note() else ""
+        return f"{tokens} = {usd(self.batch_usd)} batch, {usd(self.realtime_usd)} real-time{cache}"
 
 
 COST_BASES = ("upper_bound", "expected")
@@ -111,7 +131,8 @@ class JobEstimate:
                 f"{est.output_tokens:,} output tokens ({est.output_basis})"
             )
 
-        return f"{head}; {part('expected', low)}; {part('upper bound', high)}"
+        cache = f"; {low.cache_note()}" if low.cache_note() else ""
+        return f"{head}; {part('expected', low)}; {part('upper bound', high)}{cache}"
 
 
 def check_cost_basis(basis: Any) -> str:
@@ -124,15 +145,6 @@ def check_cost_basis(basis: Any) -> str:
     return str(basis)
 
 
-def usd(value: float | None) -> str:
-    """Format a USD amount: cents above $1, more digits below (tiny test jobs cost fractions of a cent)."""
-    if value is None:
-        return "n/a"
-    if abs(value) >= 1:
-        return f"${value:,.2f}"
-    return f"${value:.4f}" if abs(value) >= 0.0001 else f"${value:.6f}"
-
-
 def price_usage(
     model: str,
     input_tokens: int,
@@ -143,24 +155,37 @@ def price_usage(
     require_price: bool = True,
     method: str = "actual usage",
     output_basis: str = "actual usage",
+    cached: int = 0,
+    written: int = 0,
+    cache_basis: str = "actual usage",
 ) -> CostEstimate:
-    """Return the batch and real-time cost of the given token counts for ``model``."""
+    """Return the batch and real-time cost of the given token counts for ``model``.
+
+    ``cached`` and ``written``: the part of ``input_tokens`` read from and written to the prompt cache.
+    """
     table = load_pricing(pricing)
     price = table.lookup(model) if require_price else table.get(model)
+    cache = {"cached": cached, "written": written}
     return CostEstimate(
         model=model,
         requests=requests,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        batch_usd=None if price is None else price.cost(input_tokens, output_tokens, batch=True),
-        realtime_usd=None if price is None else price.cost(input_tokens, output_tokens, batch=False),
+        batch_usd=None if price is None else price.cost(input_tokens, output_tokens, batch=True, **cache),
+        realtime_usd=None if price is None else price.cost(input_tokens, output_tokens, batch=False, **cache),
         provider="" if price is None else price.provider,
         method=method,
         output_basis=output_basis,
+        cached_input_tokens=cached,
+        cache_write_tokens=written,
+        uncached_batch_usd=None if price is None else price.cost(input_tokens, output_tokens, batch=True),
+        cache_basis=cache_basis if cached or written else "",
     )
 
 
 def _priced(tally: TokenTally, model: str, pricing: PricingTable, require_price: bool) -> JobEstimate:
+    cached, written, basis = assumed_split(tally.cacheable_tokens)
+
     def priced(output_tokens: int, output_basis: str) -> CostEstimate:
         return price_usage(
             model,
@@ -171,6 +196,9 @@ def _priced(tally: TokenTally, model: str, pricing: PricingTable, require_price:
             require_price=require_price,
             method=tally.method,
             output_basis=output_basis,
+            cached=cached,
+            written=written,
+            cache_basis=basis,
         )
 
     return JobEstimate(
@@ -253,6 +281,10 @@ def combine_costs(estimates: Sequence[CostEstimate]) -> CostEstimate:
         provider=", ".join(dict.fromkeys(e.provider for e in estimates if e.provider)),
         method=joined(e.method for e in estimates),
         output_basis=joined(e.output_basis for e in estimates),
+        cached_input_tokens=sum(e.cached_input_tokens for e in estimates),
+        cache_write_tokens=sum(e.cache_write_tokens for e in estimates),
+        uncached_batch_usd=sum(e.uncached_batch_usd or 0.0 for e in estimates) if priced else None,
+        cache_basis=joined(e.cache_basis for e in estimates),
     )
 
 
@@ -262,20 +294,23 @@ class UsageTally:
     def __init__(self) -> None:
         self._usage: dict[str, list[int]] = {}
 
-    def add(self, model: str, input_tokens: int, output_tokens: int, requests: int = 0) -> None:
-        """Add one chunk's (or one result's) usage."""
-        totals = self._usage.setdefault(model, [0, 0, 0])
-        totals[0] += input_tokens
-        totals[1] += output_tokens
-        totals[2] += requests
+    def add(
+        self, model: str, input_tokens: int, output_tokens: int, requests: int = 0, cached: int = 0, written: int = 0
+    ) -> None:
+        """Add one chunk's (or one result's) usage; ``cached``, ``written``: of the input, the cache's share."""
+        totals = self._usage.setdefault(model, [0, 0, 0, 0, 0])
+        for at, value in enumerate((input_tokens, output_tokens, requests, cached, written)):
+            totals[at] += value
 
     def cost(self, pricing: PricingArg = None, *, require_price: bool = False) -> CostEstimate:
         """Return the actual cost of everything added (raises if nothing was)."""
         table = load_pricing(pricing)
         return combine_costs(
             [
-                price_usage(model, inp, out, requests=req, pricing=table, require_price=require_price)
-                for model, (inp, out, req) in self._usage.items()
+                price_usage(
+                    model, inp, out, requests=req, pricing=table, require_price=require_price, cached=hit, written=put
+                )
+                for model, (inp, out, req, hit, put) in self._usage.items()
             ]
         )
 
@@ -354,6 +389,8 @@ def cost_summary(
         "actual_cost_usd": actual.batch_usd,
         "realtime_cost_usd": actual.realtime_usd,
         "saved_usd": actual.saving_usd,
+        "uncached_cost_usd": actual.uncached_batch_usd,  # the same batch without prompt caching
+        "cache_saved_usd": actual.cache_saving_usd,
         "cost_models": actual.model,
         "cost_comparison": comparison_line(actual),
     }
@@ -369,6 +406,7 @@ def cost_rows(summary: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("actual cost", f"{usd(summary.get('actual_cost_usd'))} (usage the provider reported)"),
         ("real-time cost", usd(summary.get("realtime_cost_usd"))),
         ("batch vs real-time", str(summary.get("cost_comparison", "")).removeprefix("batch vs real-time: ")),
+        *cache_rows(summary),
     ]
 
 

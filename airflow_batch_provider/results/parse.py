@@ -39,6 +39,8 @@ def result_record(custom_id: str, status: ResultStatus, **fields: Any) -> Result
         "http_status": fields.get("http_status"),
         "input_tokens": fields.get("input_tokens"),
         "output_tokens": fields.get("output_tokens"),
+        "cached_input_tokens": fields.get("cached_input_tokens"),
+        "cache_write_tokens": fields.get("cache_write_tokens"),
     }
 
 
@@ -129,4 +131,11 @@ def parse_openai_line(line: bytes | str) -> ResultRecord:
         http_status=200,
         input_tokens=usage.get("prompt_tokens", usage.get("input_tokens")),
         output_tokens=usage.get("completion_tokens", usage.get("output_tokens", 0)),
+        cached_input_tokens=_cached_tokens(usage),
     )
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int | None:
+    """Return the prompt tokens OpenAI read from its cache (chat: prompt_tokens_details, Responses: input_...)."""
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    return details.get("cached_tokens") if isinstance(details, dict) else None

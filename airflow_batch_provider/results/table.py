@@ -44,6 +44,8 @@ RESULT_FIELDS = (
     "http_status",
     "input_tokens",
     "output_tokens",
+    "cached_input_tokens",
+    "cache_write_tokens",
 )
 BLOCK_ROWS = 65_536  # records per table when tables are built from records or from streamed lines
 BLOCK_BYTES = 16 << 20  # bytes per block when a local result file is read in pieces
@@ -52,7 +54,10 @@ EMBEDDING = pa.list_(pa.float32())
 
 T = TypeVar("T")
 
-_USAGE = pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64())])
+_CACHED = pa.struct([("cached_tokens", pa.int64())])
+_USAGE = pa.struct(
+    [("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("prompt_tokens_details", _CACHED)]
+)
 _CHOICE = pa.struct([("message", pa.struct([("content", pa.string())])), ("finish_reason", pa.string())])
 _BODY = pa.struct([("choices", pa.list_(_CHOICE)), ("usage", _USAGE)])
 # Only what a chat completion's result needs; every other field of the line is ignored.
@@ -86,6 +91,9 @@ def result_schema(response_type: pa.DataType = TEXT) -> pa.Schema:
             ("http_status", pa.int64()),
             ("input_tokens", pa.int64()),
             ("output_tokens", pa.int64()),
+            # Of input_tokens: read from the provider's prompt cache, and written to it (None: not reported).
+            ("cached_input_tokens", pa.int64()),
+            ("cache_write_tokens", pa.int64()),
         ]
     )
 
@@ -99,11 +107,11 @@ def records_to_table(records: Iterable[ResultRecord], response_type: pa.DataType
     rows = list(records)
     schema = result_schema(response_type)
     try:
-        return pa.table({name: [r[name] for r in rows] for name in RESULT_FIELDS}, schema=schema)  # type: ignore[literal-required]
+        return pa.table({name: [r.get(name) for r in rows] for name in RESULT_FIELDS}, schema=schema)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as exc:
         for number, row in enumerate(rows, 1):
             try:
-                pa.table({name: [row[name]] for name in RESULT_FIELDS}, schema=schema)  # type: ignore[literal-required]
+                pa.table({name: [row.get(name)] for name in RESULT_FIELDS}, schema=schema)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as bad:
                 raise ResultsError(
                     f"result for custom_id {row['custom_id']!r} does not fit the result schema "
@@ -203,6 +211,7 @@ def _common_lines(parsed: pa.Table) -> tuple[pa.Array, pa.Table]:
     usage = pc.struct_field(body, "usage")
     input_tokens = pc.struct_field(usage, "prompt_tokens")
     output_tokens = pc.struct_field(usage, "completion_tokens")
+    cached_tokens = pc.struct_field(pc.struct_field(usage, "prompt_tokens_details"), "cached_tokens")
     common = pc.and_(
         pc.and_(pc.is_null(parsed.column("error")).combine_chunks(), pc.equal(status_code, 200)),
         pc.and_(pc.and_(pc.is_valid(content), pc.is_valid(input_tokens)), pc.is_valid(output_tokens)),
@@ -221,6 +230,8 @@ def _common_lines(parsed: pa.Table) -> tuple[pa.Array, pa.Table]:
             "http_status": pa.repeat(pa.scalar(200, pa.int64()), count),
             "input_tokens": input_tokens.filter(common),
             "output_tokens": output_tokens.filter(common),
+            "cached_input_tokens": cached_tokens.filter(common),
+            "cache_write_tokens": pa.nulls(count, pa.int64()),  # OpenAI bills no cache writes
         },
         schema=result_schema(TEXT),
     )

@@ -64,6 +64,8 @@ switch                     what the emulator does
 --truncate-rate R          fraction R of answers are cut off as at max_tokens, the same ones every
                            run: text or JSON ends early; OpenAI ``finish_reason: "length"``,
                            Anthropic ``stop_reason: "max_tokens"``
+--cache-miss-rate R        fraction R of Anthropic batch requests miss the prompt cache although
+                           their ``cache_control`` prefix is cached (hits are best-effort)
 --fail-validation [CODE]   every new OpenAI batch fails validation with CODE
                            (default ``invalid_json_line``)
 --cancel-batches           provider-side cancel of every new batch once half its lines are done
@@ -178,6 +180,12 @@ def _add_fault_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--retry-after", type=float, default=1.0, help="retry-after seconds on 429s (default 1)")
     parser.add_argument("--http-500-rate", type=float, default=0.0, help="fraction of API calls answered 500")
     parser.add_argument("--drop-rate", type=float, default=0.0, help="fraction of API calls dropped unanswered")
+    parser.add_argument(
+        "--cache-miss-rate",
+        type=float,
+        default=0.0,
+        help="fraction of batch requests whose cache_control prefix misses (and is written) anyway (default 0)",
+    )
     parser.add_argument("--slow", type=float, default=0.0, help="extra seconds each batch spends in progress")
     parser.add_argument("--token-limit", type=int, default=None, help="OpenAI enqueued-token limit per model")
     parser.add_argument(
@@ -252,6 +260,7 @@ def config_from_args(args: argparse.Namespace) -> EmulatorConfig:
         },
         lose_answer_as=args.lose_answer_as,
         process_after_hangup=args.process_after_hangup,
+        cache_miss_rate=args.cache_miss_rate,
     )
     return EmulatorConfig(
         host=args.host,

@@ -18,17 +18,25 @@ from typing import Any
 import orjson
 
 from airflow_batch_emulator.faults import Faults, cut_short, line_fate
+from airflow_batch_emulator.prompt_cache import (
+    MIN_PREFIX_TOKENS,
+    TTL_SECONDS,
+    PromptCache,
+    anthropic_prefix,
+    best_effort_miss,
+)
 from airflow_batch_emulator.records import AnthropicBatch
 from airflow_batch_emulator.schema import schema_instance
 from airflow_batch_emulator.store import Store
 from airflow_batch_emulator.synth import (
     ParamError,
     answer_text,
+    claude_prompt_tokens,
+    claude_tokens,
     content_text,
     cut_anthropic_answer,
     estimate_tokens,
     messages_text,
-    prompt_tokens,
     request_key,
     rng_for,
     structured_text,
@@ -53,8 +61,12 @@ def _forced_tool(params: dict[str, Any]) -> dict[str, Any] | None:
     raise ParamError(f"tool_choice.name: tool {choice.get('name')!r} is not defined in tools")
 
 
-def message(params: Any) -> dict[str, Any]:
-    """Answer one Messages request; raise ``ParamError`` for what the API would reject."""
+def message(params: Any, cache: PromptCache | None = None, force_miss: bool = False) -> dict[str, Any]:
+    """Answer one Messages request; raise ``ParamError`` for what the API would reject.
+
+    With a ``cache``, a prefix marked with ``cache_control`` is read from it or written to it (see
+    :mod:`.prompt_cache`; ``force_miss``: a best-effort miss), and the usage says which.
+    """
     if not isinstance(params, dict):
         raise ParamError("params: Input should be an object")
     model = params.get("model")
@@ -69,6 +81,10 @@ def message(params: Any) -> dict[str, Any]:
     system = params.get("system")
     key = request_key(model.encode(), orjson.dumps(system), orjson.dumps(messages, option=orjson.OPT_SORT_KEYS))
     texts = messages_text(messages)
+    tools = params.get("tools")
+    input_tokens = claude_prompt_tokens(
+        model, content_text(system) if system is not None else "", orjson.dumps(tools).decode() if tools else "", texts
+    )
     if system is not None:
         texts.insert(0, content_text(system))
     tool = _forced_tool(params)
@@ -92,11 +108,34 @@ def message(params: Any) -> dict[str, Any]:
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": prompt_tokens(texts),
-            "output_tokens": output_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
+        "usage": _usage(params, input_tokens, output_tokens, cache, force_miss),
+    }
+
+
+def _usage(
+    params: dict[str, Any], input_tokens: int, output_tokens: int, cache: PromptCache | None, force_miss: bool
+) -> dict[str, Any]:
+    """Return a message's usage: ``input_tokens`` are the uncached ones, as Anthropic reports them."""
+    read = written = 0
+    ttl_name = "5m"
+    prefix = anthropic_prefix(params) if cache is not None else None
+    if cache is not None and prefix is not None:
+        key, text, ttl = prefix
+        tokens = min(claude_tokens(params["model"], text), input_tokens)
+        ttl_name = "1h" if ttl > TTL_SECONDS["5m"] else "5m"
+        if tokens >= MIN_PREFIX_TOKENS:
+            if cache.use(key, ttl, time.time(), force_miss=force_miss):
+                read = tokens
+            else:
+                written = tokens
+    return {
+        "input_tokens": input_tokens - read - written,
+        "output_tokens": output_tokens,
+        "cache_creation_input_tokens": written,
+        "cache_read_input_tokens": read,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": written if ttl_name == "5m" else 0,
+            "ephemeral_1h_input_tokens": written if ttl_name == "1h" else 0,
         },
     }
 
@@ -105,8 +144,10 @@ def _errored(kind: str, message_text: str) -> dict[str, Any]:
     return {"type": "errored", "error": {"type": "error", "error": {"type": kind, "message": message_text}}}
 
 
-def run_request(batch_id: str, custom_id: str, params: Any, faults: Faults) -> tuple[str, bytes]:
-    """Execute one batch request; return (result type, JSONL record)."""
+def run_request(
+    batch_id: str, custom_id: str, params: Any, faults: Faults, cache: PromptCache | None = None, line: int = 0
+) -> tuple[str, bytes]:
+    """Execute one batch request (the batch's 0-based ``line``); return (result type, JSONL record)."""
     fate = line_fate(faults, custom_id, batch_id)
     result: dict[str, Any]
     if fate == "expired":
@@ -117,7 +158,7 @@ def run_request(batch_id: str, custom_id: str, params: Any, faults: Faults) -> t
         result = _errored("invalid_request_error", "Invalid request (emulator fault invalid_line_rate).")
     else:
         try:
-            answer = message(params)
+            answer = message(params, cache, best_effort_miss(faults.cache_miss_rate, line))
             unique_id(answer, hashlib.blake2b(f"{batch_id}:{custom_id}".encode(), digest_size=12).hexdigest())
             if cut_short(faults, custom_id):
                 cut_anthropic_answer(answer)
@@ -134,6 +175,7 @@ class AnthropicRunner:
         self.store = store
         self.latency = latency
         self.slice_size = slice_size
+        self.cache = PromptCache()  # one per emulator: batches of one job share their prefixes
 
     def _live(self, batch: AnthropicBatch) -> bool:
         return self.store.anthropic_batches.get(batch.id) is batch
@@ -162,7 +204,10 @@ class AnthropicRunner:
             stop = min(target, start + self.slice_size)
             if batch.cancel_at_line is not None:
                 stop = min(stop, batch.cancel_at_line)
-        done = [run_request(batch.id, cid, params, batch.faults) for cid, params in batch.requests[start:stop]]
+        done = [
+            run_request(batch.id, cid, params, batch.faults, self.cache, line)
+            for line, (cid, params) in enumerate(batch.requests[start:stop], start)
+        ]
         with self.store.lock:
             if not self._live(batch):
                 return None

@@ -71,6 +71,7 @@ _RATES = (
     "drop_rate",
     "truncate_rate",
     "lose_answer_rate",
+    "cache_miss_rate",
 )
 _METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH"})
 _PLACEHOLDER = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
@@ -168,6 +169,7 @@ class Faults:
     lose_answer_routes: Mapping[str, int] = field(default_factory=dict, hash=False)
     lose_answer_as: str = "500"
     process_after_hangup: bool = False
+    cache_miss_rate: float = 0.0  # share of batch requests whose cached prefix misses anyway (best-effort hits)
 
     def __post_init__(self) -> None:
         fail = self.fail_validation

@@ -19,12 +19,15 @@ from typing import Any
 import orjson
 
 from airflow_batch_emulator.faults import Faults, cut_short, line_fate
+from airflow_batch_emulator.prompt_cache import PromptCache, best_effort_miss, openai_cached_tokens
 from airflow_batch_emulator.records import OpenAIBatch
 from airflow_batch_emulator.store import Store
 from airflow_batch_emulator.synth import (
     OPENAI_BUILDERS,
     ParamError,
     cut_openai_answer,
+    messages_text,
+    prompt_tokens,
     request_tokens,
     unique_id,
 )
@@ -135,8 +138,18 @@ def _check_line(raw: bytes, number: int, endpoint: str, seen: set[str], errors: 
     return obj["body"]
 
 
-def run_line(batch_id: str, endpoint: str, raw: bytes, faults: Faults, created: int) -> tuple[str, bytes, int, int]:
-    """Execute one validated line; return (outcome, JSONL record, input tokens, output tokens).
+def run_line(
+    batch_id: str,
+    endpoint: str,
+    raw: bytes,
+    faults: Faults,
+    created: int,
+    cache: PromptCache | None = None,
+    line: int = 0,
+) -> tuple[str, bytes, int, int]:
+    """Execute one validated line (the batch's 0-based ``line``); return (outcome, JSONL record, input, output tokens).
+
+    With a ``cache``, a chat request's long prefix is read from it as OpenAI's automatic cache would.
 
     The outcome is ``ok``, ``error`` (goes to the error file) or ``expired``.
     """
@@ -158,6 +171,8 @@ def run_line(batch_id: str, endpoint: str, raw: bytes, faults: Faults, created: 
         try:
             body = OPENAI_BUILDERS[engine_endpoint(endpoint)](obj["body"], created)
             unique_id(body, digest)
+            if cache is not None and engine_endpoint(endpoint) == "/v1/chat/completions":
+                _read_cache(cache, obj["body"], body, best_effort_miss(faults.cache_miss_rate, line))
             if engine_endpoint(endpoint) in CUTTABLE_ENDPOINTS and cut_short(faults, custom_id):
                 cut_openai_answer(body)
         except ParamError as exc:
@@ -169,6 +184,12 @@ def run_line(batch_id: str, endpoint: str, raw: bytes, faults: Faults, created: 
     in_tokens = usage.get("prompt_tokens", usage.get("input_tokens", 0))
     out_tokens = usage.get("completion_tokens", usage.get("output_tokens", 0))
     return ("ok" if status == 200 else "error"), orjson.dumps(record), in_tokens, out_tokens
+
+
+def _read_cache(cache: PromptCache, request: dict[str, Any], answer: dict[str, Any], force_miss: bool) -> None:
+    """Set ``cached_tokens`` in the answer's usage: the prefix (every message but the last) when cached."""
+    prefix = prompt_tokens(messages_text((request.get("messages") or [])[:-1]))  # as prompt_tokens counts them
+    answer["usage"]["prompt_tokens_details"]["cached_tokens"] = openai_cached_tokens(cache, request, prefix, force_miss)
 
 
 def _error_body(message: str, type_: str, param: str | None = None) -> dict[str, Any]:
@@ -189,6 +210,7 @@ class OpenAIRunner:
         self.store = store
         self.latency = latency
         self.slice_size = slice_size
+        self.cache = PromptCache()  # OpenAI's automatic prompt cache, shared by this emulator's batches
 
     def step(self, batch: OpenAIBatch, now: float) -> float | None:
         """Do the next piece of work for ``batch``; return seconds until it wants the next step."""
@@ -260,8 +282,8 @@ class OpenAIRunner:
                 stop = min(stop, batch.cancel_at_line)
         records = []
         created = int(time.time())
-        for raw in batch.lines[start:stop]:
-            records.append(run_line(batch.id, batch.endpoint, raw, batch.faults, created))
+        for line, raw in enumerate(batch.lines[start:stop], start):
+            records.append(run_line(batch.id, batch.endpoint, raw, batch.faults, created, self.cache, line))
         with self.store.lock:
             if not self._live(batch):
                 return None

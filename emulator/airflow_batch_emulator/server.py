@@ -178,6 +178,8 @@ class BatchEmulator:
     def reset(self) -> None:
         """Forget every file, batch and counter; faults go back to the start-up settings."""
         self.store.reset()
+        self.engine.anthropic.cache.clear()
+        self.engine.openai.cache.clear()
         self.bedrock.runner.reset()
         self.gemini.reset()
         for extension in self.extensions:

@@ -56,6 +56,7 @@ LINES = [
     _line("cancelled", error={"code": "batch_cancelled", "message": "cancelled"}),
     _line("neither"),
     _line("bare-error", error="the server had an error"),
+    _ok("cached", usage={"prompt_tokens": 50, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 32}}),
     _ok("extra-fields", system_fingerprint="fp", service_tier="default", choices_extra={"deep": [1, {"x": None}]}),
 ]
 
@@ -92,8 +93,18 @@ def test_a_block_of_common_lines_is_read_without_the_line_parser(monkeypatch):
             "http_status": 200,
             "input_tokens": 50,
             "output_tokens": 2,
+            "cached_input_tokens": None,
+            "cache_write_tokens": None,
         }
     ]
+
+
+def test_cached_prompt_tokens_are_read_by_both_paths():
+    usage = {"prompt_tokens": 2100, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 2048}}
+    lines = [_ok("hit", usage=usage), _ok("miss")]
+    table = openai_result_table(b"\n".join(lines))
+    assert table.column("cached_input_tokens").to_pylist() == [2048, None]
+    assert table.to_pylist() == _by_parser(lines)
 
 
 def test_a_block_that_does_not_fit_the_schema_is_parsed_line_by_line():

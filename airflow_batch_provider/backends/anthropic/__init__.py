@@ -16,7 +16,7 @@ from airflow_batch_provider.chunking.limits import MB, ProviderLimits
 
 if TYPE_CHECKING:
     from airflow_batch_provider.chunking.requests import RequestRenderer
-    from airflow_batch_provider.chunking.spec import RequestSpec
+    from airflow_batch_provider.contract import ModelKind, SpecFields
     from airflow_batch_provider.descriptors import ResultRecord
 
 # Custom ids must match [a-zA-Z0-9_-]{1,64}: other user ids are rewritten to h-<sha256> at chunk time.
@@ -31,6 +31,7 @@ ANTHROPIC_LIMITS = ProviderLimits(
 
 # Keys the renderer writes itself; a caller setting them in ``params`` is a mistake.
 _RESERVED = frozenset({"model", "messages", "system", "stream"})
+_CLAUDE = re.compile(r"^(?:ft:)?claude-", re.IGNORECASE)
 # OpenAI-only parameters the Messages API rejects; failing here beats an "errored" result a day later.
 _UNSUPPORTED = frozenset(
     {
@@ -54,7 +55,32 @@ _NEW_TOKENIZER = ("claude-sonnet-5", "claude-opus-5", "claude-fable", "claude-my
 _NEW_TOKENIZER_CHARS_PER_TOKEN = 2.7
 
 
-def check_messages_params(spec: RequestSpec, reserved: frozenset[str] = _RESERVED) -> None:
+# Prompt caching: the default TTL suits batches (they may take hours), what a write costs per TTL, and
+# the shortest prefix each model caches (a shorter one is processed uncached; the breakpoint is harmless).
+DEFAULT_CACHE_TTL = "1h"
+CACHE_WRITE_MULTIPLIERS = {"5m": 1.25, "1h": 2.0}
+_CACHE_MINIMUM = (
+    ("claude-opus-4-1", 1024),
+    ("claude-opus-4-0", 1024),
+    ("claude-sonnet-4-5", 1024),
+    ("claude-sonnet-4-0", 1024),
+    ("claude-sonnet-4-6", 2048),  # 2,048 per one source, 1,024 per another: the safe side
+    ("claude-sonnet-5", 1024),
+    ("claude-opus-5", 512),
+    ("claude-3-5-haiku", 2048),
+    ("claude-3-haiku", 2048),
+)
+# Opus 4.5/4.6/4.7 and Haiku 4.5 need 4,096; a model not listed is assumed to need as many (the safe side).
+_CACHE_MINIMUM_DEFAULT = 4096
+
+
+def cache_minimum_tokens(model: str) -> int:
+    """Return the fewest prefix tokens ``model`` caches (Anthropic's per-model minimum)."""
+    name = model.removeprefix("ft:")
+    return next((tokens for prefix, tokens in _CACHE_MINIMUM if name.startswith(prefix)), _CACHE_MINIMUM_DEFAULT)
+
+
+def check_messages_params(spec: SpecFields, reserved: frozenset[str] = _RESERVED) -> None:
     """Check ``spec.params`` for a Messages API body (Anthropic's API, and Claude on Bedrock)."""
     from airflow_batch_provider.exceptions import InvalidInputError
     from airflow_batch_provider.utils.checks import check_int
@@ -90,6 +116,9 @@ class AnthropicBackend(Backend):
     endpoints = ("/v1/messages",)
     hook_class_path = "airflow_batch_provider.backends.anthropic.hook:AnthropicBatchHook"
     connection_type = "anthropic_batch"
+    sdk_module = "anthropic"
+    sdk_requirement = "airflow-batch-provider[anthropic]"
+    default_model = "claude-haiku-4-5"
     model_prefixes = ("claude",)
     prices_source = "Anthropic's pricing and model pages (platform.claude.com/docs/en/about-claude/pricing)"
     # Real-time list prices, USD per 1M tokens (input, output); Message Batches halve them.
@@ -103,15 +132,24 @@ class AnthropicBackend(Backend):
         "claude-opus-4-6": (5.00, 25.00),
         "claude-opus-4-7": (5.00, 25.00),
     }
+    # Cache reads 0.1x input; writes 2x with the 1-hour TTL (the batch default; 1.25x with "5m"), and
+    # Message Batches' 50% applies on top (platform.claude.com/docs/en/build-with-claude/prompt-caching).
+    cache_price_multipliers = (0.1, CACHE_WRITE_MULTIPLIERS[DEFAULT_CACHE_TTL])
     chat_format_tokens = (TOKENS_PER_MESSAGE, 0)
     console_hosts = ("api.anthropic.com",)
     console_template = "https://console.anthropic.com/workspaces/default/batches/{batch_id}"
+    # error.error.type of an errored result that a later batch may get answered.
+    retryable_line_errors = frozenset({"api_error", "overloaded_error", "rate_limit_error", "timeout_error"})
 
-    def check_params(self, spec: RequestSpec) -> None:
+    def check_params(self, spec: SpecFields) -> None:
         """Require ``max_tokens``; reject OpenAI-only parameters and keys the renderer writes."""
         check_messages_params(spec)
 
-    def renderer(self, spec: RequestSpec) -> RequestRenderer:
+    def model_kind(self, model: str) -> ModelKind | None:
+        """Return "chat" for a Claude model (``claude-*``, a fine-tune too): Anthropic has no embedding models."""
+        return "chat" if _CLAUDE.match(model) and "embed" not in model.lower() else None
+
+    def renderer(self, spec: SpecFields) -> RequestRenderer:
         """Return the Message Batches line renderer."""
         from airflow_batch_provider.backends.anthropic.requests import AnthropicRenderer
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import time
-from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import anthropic
@@ -29,7 +29,7 @@ from airflow_batch_provider.backends.anthropic.results import parse_anthropic_re
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
 from airflow_batch_provider.exceptions import UnknownBatchStatusError
-from airflow_batch_provider.hooks.sdk_hook import SdkBatchHook
+from airflow_batch_provider.hooks.sdk_hook import SdkBatchHook, json_object
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.status import BatchState, BatchStatus, RequestCounts
 from airflow_batch_provider.utils.retry import (
@@ -136,6 +136,13 @@ def _epoch(value: dt.datetime | str) -> float:
     if isinstance(value, str):
         value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     return float(value.timestamp())
+
+
+def _batch_result_line(custom_id: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """Return a Message Batches result for one real-time answer (status 200) or API error."""
+    if status == 200:
+        return {"custom_id": custom_id, "result": {"type": "succeeded", "message": body}}
+    return {"custom_id": custom_id, "result": {"type": "errored", "error": {"type": "error", "error": body}}}
 
 
 class AnthropicBatchHook(SdkBatchHook[anthropic.Anthropic, anthropic.AsyncAnthropic]):
@@ -287,6 +294,18 @@ class AnthropicBatchHook(SdkBatchHook[anthropic.Anthropic, anthropic.AsyncAnthro
         )
         for item in items:
             yield parse_anthropic_result(item)
+
+    def answer_now(self, request_lines: Sequence[bytes], *, model: str) -> list[bytes]:
+        """POST each line's ``params``, as they are, to ``/v1/messages``; return Message Batches result lines.
+
+        The SDK's generic ``post`` rather than ``messages.create(**params)``, which refuses keys its
+        signature lacks: the canary sends what the batch will.
+        """
+        return self._answer_each(
+            request_lines,
+            lambda request: json_object(self.client.post("/v1/messages", body=request["params"], cast_to=object)),
+            _batch_result_line,
+        )
 
     def batch_url(self, batch_id: str) -> str | None:
         """Link to the batch in the Anthropic console; None when the connection points elsewhere."""

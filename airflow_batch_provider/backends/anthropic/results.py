@@ -48,11 +48,17 @@ def parse_anthropic_result(obj: dict[str, Any]) -> ResultRecord:
         response = "".join(text_parts)
     usage = message_obj.get("usage") or {}
     stop = message_obj.get("stop_reason")
+    cache_read, cache_write = usage.get("cache_read_input_tokens"), usage.get("cache_creation_input_tokens")
+    input_tokens = usage.get("input_tokens")
+    if isinstance(input_tokens, int):  # Anthropic counts cached tokens apart; ResultRecord's total includes them
+        input_tokens += (cache_read or 0) + (cache_write or 0)
     return result_record(
         custom_id,
         "succeeded",
         response=response,
         finish_reason=STOP_REASONS.get(stop or "", stop),
-        input_tokens=usage.get("input_tokens"),
+        input_tokens=input_tokens,
         output_tokens=usage.get("output_tokens"),
+        cached_input_tokens=cache_read,
+        cache_write_tokens=cache_write,
     )

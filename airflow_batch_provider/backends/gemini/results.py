@@ -66,7 +66,9 @@ def _response_record(key: str, response: dict[str, Any]) -> ResultRecord:
     prompt = usage.get("promptTokenCount")
     # Thinking tokens are billed as output tokens.
     output = (usage.get("candidatesTokenCount") or 0) + (usage.get("thoughtsTokenCount") or 0)
-    tokens = {"input_tokens": prompt, "output_tokens": output}
+    # promptTokenCount includes the implicitly cached tokens; cachedContentTokenCount says how many.
+    cached = usage.get("cachedContentTokenCount")
+    tokens = {"input_tokens": prompt, "output_tokens": output, "cached_input_tokens": cached}
     candidates = response.get("candidates")
     if not isinstance(candidates, list) or not candidates or not isinstance(candidates[0], dict):
         reason = _mapping(response.get("promptFeedback")).get("blockReason")

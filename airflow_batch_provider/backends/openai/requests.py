@@ -1,8 +1,19 @@
-"""OpenAI Batch API request lines: ``{custom_id, method, url, body}``."""
+"""OpenAI Batch API request lines: ``{custom_id, method, url, body}``.
+
+Prompt caching is automatic at OpenAI for prompts of 1,024 tokens or more, on their prefix: the
+system prompt comes first and the row's text last. A chat request whose shared prefix (system
+prompt and response format) is that long also carries ``prompt_cache_key``, a hash of that prefix,
+so requests of one job are routed to the same cache (docs/cost.md, "Prompt caching").
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import math
 from typing import Any
+
+import orjson
 
 from airflow_batch_provider.chunking.requests import RequestRenderer
 from airflow_batch_provider.chunking.spec import strict_json_schema
@@ -41,4 +52,24 @@ class OpenAIRenderer(RequestRenderer):
         body.update(spec.params)
         if self._response_format is not None:
             body["response_format"] = self._response_format
+        if self._prompt_cache_key is not None and "prompt_cache_key" not in body:
+            body["prompt_cache_key"] = self._prompt_cache_key
         return {"custom_id": custom_id, "method": "POST", "url": self.endpoint, "body": body}
+
+    @functools.cached_property
+    def _prompt_cache_key(self) -> str | None:
+        """A stable key of the job's shared prefix when it is long enough to cache, else None.
+
+        Sent to OpenAI only: an OpenAI-compatible service built on this renderer may refuse the field.
+        """
+        spec = self.spec
+        if self.provider != "openai" or spec.prompt_caching is False or self.endpoint in (EMBEDDINGS, COMPLETIONS):
+            return None
+        prefix = orjson.dumps([spec.model, spec.system_prompt, self._response_format])
+        if math.ceil(len(prefix) / CHARS_PER_TOKEN) < MIN_CACHED_PROMPT_TOKENS:
+            return None
+        return "abp-" + hashlib.sha256(prefix).hexdigest()[:32]
+
+
+MIN_CACHED_PROMPT_TOKENS = 1024  # OpenAI caches prompts of 1,024 tokens and more
+CHARS_PER_TOKEN = 4.0  # OpenAI's rule of thumb: deciding whether to send a key needs no tokenizer
