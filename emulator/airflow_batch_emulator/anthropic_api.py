@@ -188,7 +188,7 @@ class AnthropicApi:
             self.store.scheduler.run(0, self.config.realtime_delay)
             try:
                 answer = message(params)
-                unique_id(answer, self.store.new_id(""))
+                unique_id(answer, self.store.new_realtime_id())
                 return json_response(answer)
             except ParamError as exc:
                 raise _bad(exc.message) from None

@@ -293,7 +293,7 @@ class OpenAIApi:
                 self.store.scheduler.run(request_priority(body), self.config.realtime_delay)
                 try:
                     result = builder(body, int(time.time()))
-                    unique_id(result, self.store.new_id(""))
+                    unique_id(result, self.store.new_realtime_id())
                 except ParamError as exc:
                     raise OpenAIError(400, exc.message, param=exc.param) from None
             finally:

@@ -10,10 +10,11 @@ of the ``openai`` type made for Airflow's OpenAI provider works too (its
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator, Generator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import openai
+import orjson
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_batch_provider.backends.openai import OPENAI_LIMITS
@@ -26,9 +27,9 @@ from airflow_batch_provider.backends.openai.states import (
 from airflow_batch_provider.batches.token_budget import tokens_from_metadata
 from airflow_batch_provider.chunking.limits import ProviderLimits
 from airflow_batch_provider.descriptors import ChunkDescriptor, ResultRecord
-from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY
+from airflow_batch_provider.hooks.base import IDEMPOTENCY_METADATA_KEY, NoRealtimeEndpointError
 from airflow_batch_provider.hooks.sdk_clients import connection_client_kwargs
-from airflow_batch_provider.hooks.sdk_hook import SdkBatchHook
+from airflow_batch_provider.hooks.sdk_hook import SdkBatchHook, json_object
 from airflow_batch_provider.links import console_url
 from airflow_batch_provider.results.parse import parse_openai_line
 from airflow_batch_provider.status import BatchState
@@ -48,6 +49,17 @@ CREATE_TIMEOUT = 60.0
 CREATE_WITHIN = 180.0
 #: Allowed clock difference between this worker and the provider when listing batches since an intent.
 CLOCK_SKEW_S = 300.0
+
+
+#: Batch endpoints answered in real time by the route of the same name, under the client's base URL
+#: (for answer_now). OpenAI's lines name them with ``/v1`` in front (the base URL's end), Azure's without.
+REALTIME_PATHS = frozenset({"/chat/completions", "/embeddings", "/completions", "/responses"})
+
+
+def _batch_output_line(custom_id: str, status: int, body: dict[str, Any]) -> dict[str, Any]:
+    """Return an OpenAI batch output line for one real-time answer (status 200) or API error."""
+    answer = body if status == 200 else {"error": body}
+    return {"custom_id": custom_id, "response": {"status_code": status, "body": answer}}
 
 
 class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
@@ -280,6 +292,23 @@ class OpenAIBatchHook(SdkBatchHook[openai.OpenAI, openai.AsyncOpenAI]):
                 record = parse_openai_line(line)
                 if record["status"] != "succeeded":
                     yield record
+
+    def answer_now(self, request_lines: Sequence[bytes], *, model: str) -> list[bytes]:
+        """POST each line's body, as it is, to its endpoint's real-time route (``/v1/chat/completions``...).
+
+        The SDK's generic ``post`` rather than ``chat.completions.create(**body)``: the body is sent
+        as the batch will carry it, whatever keys it holds. Answers come back as batch output lines
+        (``{custom_id, response: {status_code, body}}``).
+        """
+        paths = {str(orjson.loads(line).get("url")).removeprefix("/v1") for line in request_lines}
+        if paths - REALTIME_PATHS:
+            raise NoRealtimeEndpointError(f"no real-time route is wired for endpoint(s) {sorted(paths)}")
+
+        def send(request: dict[str, Any]) -> dict[str, Any]:
+            path = str(request["url"]).removeprefix("/v1")
+            return json_object(self.client.post(path, body=request["body"], cast_to=object))
+
+        return self._answer_each(request_lines, send, _batch_output_line)
 
     def delete_file(self, file_id: str) -> None:
         """Delete an uploaded or result file."""
