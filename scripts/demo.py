@@ -141,11 +141,11 @@ def _run_streaming(cmd: list[str], env: dict[str, str], log_path: Path) -> tuple
 
 # The cost guard's error (CostLimitExceededError), as the chunk task logs it.
 COST_GUARD = re.compile(r"Batch cost (?P<estimate>\$[\d,.]+) \([^)]*\) exceeds max_cost_usd=(?P<limit>\$[\d,.]+)")
-TASK_ERROR = re.compile(r"(?:airflow_batch_provider\.exceptions\.|^|\s)(?P<kind>\w+Error): (?P<message>.+)$")
+TASK_ERROR = re.compile(r"(?:^|[\s.])(?P<kind>\w+Error): (?P<message>.+)$")  # the class, with or without its module
 # What a quiet demo shows of `airflow dags test`: poll lines, retries and resends, what failed.
 _SHOWN = re.compile(
     r"\(completed [\d,]+, failed [\d,]+, total [\d,]+\)|retryabl|retrying in|sent them again|resubmit"
-    r"|failed for good|refused"
+    r"|failed for good|refused|canary request .*: FAILED"
     r"|Cost estimate:|skip_unchanged:|up_for_retry|Marking task as|\[error\s*\]|\bERROR\b|Error: "
     r"|run report:|done after"
 )

@@ -10,9 +10,10 @@ from typing import Any
 
 from airflow_batch_emulator.anthropic_batch import AnthropicRunner, message
 from airflow_batch_emulator.config import EmulatorConfig
+from airflow_batch_emulator.faults import cut_short_realtime
 from airflow_batch_emulator.records import AnthropicBatch
 from airflow_batch_emulator.store import Store
-from airflow_batch_emulator.synth import ParamError, unique_id
+from airflow_batch_emulator.synth import ParamError, cut_anthropic_answer, unique_id
 from airflow_batch_emulator.wire import (
     AnthropicError,
     Request,
@@ -189,6 +190,8 @@ class AnthropicApi:
             try:
                 answer = message(params)
                 unique_id(answer, self.store.new_realtime_id())
+                if cut_short_realtime(self.store.faults, params):
+                    cut_anthropic_answer(answer)
                 return json_response(answer)
             except ParamError as exc:
                 raise _bad(exc.message) from None

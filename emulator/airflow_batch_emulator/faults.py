@@ -44,7 +44,9 @@ import re
 import threading
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal
+from typing import Any, Literal
+
+import orjson
 
 #: The code a batch fails with under ``fail_validation=True``.
 DEFAULT_VALIDATION_CODE = "invalid_json_line"
@@ -255,6 +257,19 @@ def line_fate(faults: Faults, custom_id: str, batch_id: str = "") -> LineFate:
 def cut_short(faults: Faults, custom_id: str) -> bool:
     """Return True when the answer to ``custom_id`` is cut off at max_tokens (``truncate_rate``)."""
     return bool(faults.truncate_rate) and roll(faults.seed, "truncate", custom_id) < faults.truncate_rate
+
+
+def cut_short_realtime(faults: Faults, body: Any) -> bool:
+    """Return True when a real-time answer to ``body`` is cut off at max_tokens (``truncate_rate``).
+
+    A real-time request carries no custom_id: the roll is keyed by the request itself, so the same
+    prompt is cut every time (as a model at temperature 0 would) and a rate of 1 cuts every answer,
+    in real time (the pre-flight canary) as in the batch.
+    """
+    if not faults.truncate_rate:
+        return False
+    key = orjson.dumps(body, option=orjson.OPT_SORT_KEYS).decode()
+    return roll(faults.seed, "truncate", key) < faults.truncate_rate
 
 
 class HttpDice:

@@ -8,11 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_batch_emulator.config import EmulatorConfig
-from airflow_batch_emulator.openai_batch import MAX_LINES, OpenAIRunner
+from airflow_batch_emulator.faults import cut_short_realtime
+from airflow_batch_emulator.openai_batch import CUTTABLE_ENDPOINTS, MAX_LINES, OpenAIRunner
 from airflow_batch_emulator.records import OpenAIBatch, StoredFile
 from airflow_batch_emulator.scheduling import request_priority
 from airflow_batch_emulator.store import Store
-from airflow_batch_emulator.synth import OPENAI_BUILDERS, ParamError, unique_id
+from airflow_batch_emulator.synth import OPENAI_BUILDERS, ParamError, cut_openai_answer, unique_id
 from airflow_batch_emulator.wire import (
     OpenAIError,
     Request,
@@ -294,6 +295,8 @@ class OpenAIApi:
                 try:
                     result = builder(body, int(time.time()))
                     unique_id(result, self.store.new_realtime_id())
+                    if endpoint in CUTTABLE_ENDPOINTS and cut_short_realtime(faults, body):
+                        cut_openai_answer(result)
                 except ParamError as exc:
                     raise OpenAIError(400, exc.message, param=exc.param) from None
             finally:

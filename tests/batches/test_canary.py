@@ -93,6 +93,17 @@ def test_max_tokens_that_truncates_every_answer_stops_before_upload(tmp_path, ba
     assert stats["openai"].get("files_uploaded", 0) == 0 and stats["anthropic"].get("batches_created", 0) == 0
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_answers_the_model_cuts_off_in_real_time_stop_the_job_before_upload(tmp_path, batch_emulator_env, provider):
+    """The emulator's truncate fault at rate 1 cuts every real-time answer, as it would every batch answer."""
+    batch_emulator_env.set_faults(truncate_rate=1.0)
+    op = _op(tmp_path, provider, response_schema=LABELS_SCHEMA if provider == "openai" else None)
+    with pytest.raises(CanaryFailedError, match="3 of 3 real-time answers failed"):
+        op.execute(make_context())
+    stats = batch_emulator_env.stats()
+    assert stats["openai"].get("files_uploaded", 0) == 0 and stats["anthropic"].get("batches_created", 0) == 0
+
+
 def test_failures_within_the_threshold_pass(tmp_path, batch_emulator_env):
     op = _op(tmp_path, response_schema=LABELS_SCHEMA, request_params={"max_tokens": 2}, canary_max_failures=3)
     assert op.execute(make_context())
