@@ -17,8 +17,9 @@ from airflow_batch_provider.backends.anthropic.results import parse_anthropic_re
 from airflow_batch_provider.chunking.chunks import build_chunks
 from airflow_batch_provider.chunking.spec import RequestSpec, renderer_for
 from airflow_batch_provider.cost.caching import CACHE_HIT_RATE
-from airflow_batch_provider.cost.estimate import UsageTally, cost_rows, cost_summary, estimate_chunks_cost
+from airflow_batch_provider.cost.estimate import UsageTally, estimate_chunks_cost
 from airflow_batch_provider.cost.pricing import load_pricing
+from airflow_batch_provider.cost.run_summary import cost_rows, cost_summary
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.results.merge import merge_chunk
 from tests.conftest import wait_terminal

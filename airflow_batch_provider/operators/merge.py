@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 from airflow.sdk import Asset, BaseOperator, Context
 
-from airflow_batch_provider.cost.estimate import UsageTally, cost_summary
+from airflow_batch_provider.cost.estimate import UsageTally
+from airflow_batch_provider.cost.run_summary import cost_summary
 from airflow_batch_provider.descriptors import CompletedBatch
 from airflow_batch_provider.exceptions import ResultsError, TooManyFailuresError
 from airflow_batch_provider.hooks.base import BatchHook

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batch_provider.cost.estimate import cost_rows
+from airflow_batch_provider.cost.run_summary import cost_rows
 
 TOP_ERRORS = 5
 EXAMPLE_IDS = 3  # custom_ids kept per error kind (and of truncated answers) in the summary

@@ -20,15 +20,13 @@ from airflow_batch_provider.cost.estimate import (
     JobEstimate,
     UsageTally,
     check_budget,
-    comparison_line,
-    cost_rows,
-    cost_summary,
     estimate_chunks_cost,
     estimate_cost,
     parse_max_cost_usd,
     price_usage,
     usd,
 )
+from airflow_batch_provider.cost.run_summary import comparison_line, cost_rows, cost_summary
 from airflow_batch_provider.cost.tokens import count_request_tokens
 from airflow_batch_provider.exceptions import CostLimitExceededError, InvalidInputError
 from tests.chunking.reference import render
