@@ -2,6 +2,7 @@
 
 IntakeError                  base of the intake's errors
 ├── QueueFullError           the queue is deeper than max_depth; come back after retry_after seconds
+├── QueueUnavailableError    the queue service cannot be reached (or the queue is missing); nothing was enqueued
 └── MalformedMessageError    a message is not a valid intake request (goes to the dead-letter queue)
 """
 
@@ -30,6 +31,15 @@ class QueueFullError(IntakeError):
         self.depth = depth
         self.max_depth = max_depth
         self.retry_after = retry_after
+
+
+class QueueUnavailableError(IntakeError):
+    """The queue service did not answer, or the queue does not exist; the message names both. Nothing was enqueued.
+
+    The HTTP endpoint answers ``503`` with ``Retry-After`` (the producer may send the same request again).
+    """
+
+    retry_after = 5
 
 
 class MalformedMessageError(IntakeError):

@@ -1,6 +1,6 @@
-"""Queue backends behind one interface (:class:`~.base.BatchQueue`): SQS and Redis Streams.
+"""Queue backends behind one interface (:class:`~.base.BatchQueue`): SQS, Redis Streams and Kafka.
 
-:func:`open_queue` builds one from a JSON-able config (``{"backend": "sqs" | "redis", "name": ...,
+:func:`open_queue` builds one from a JSON-able config (``{"backend": "sqs" | "redis" | "kafka", "name": ...,
 ...}``), importing the backend's client library only then, so a DAG file loads without boto3 or
 redis installed.
 """
@@ -14,10 +14,11 @@ from typing import Any
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.intake.queues.base import BatchQueue, Delivery, QueueStats
 
-#: backend name → "module:class"; a Kafka backend is one more line here (docs/streaming.md).
+#: backend name → "module:class" (docs/streaming.md).
 BACKENDS: dict[str, str] = {
     "sqs": "airflow_batch_provider.intake.queues.sqs:SqsQueue",
     "redis": "airflow_batch_provider.intake.queues.redis_streams:RedisStreamQueue",
+    "kafka": "airflow_batch_provider.intake.queues.kafka:KafkaQueue",
 }
 
 __all__ = ["BACKENDS", "BatchQueue", "Delivery", "QueueStats", "open_queue"]
