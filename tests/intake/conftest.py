@@ -1,4 +1,4 @@
-"""Real queue services for the intake tests: moto's standalone SQS server and this machine's Redis.
+"""Real queue services for the intake tests: moto's standalone SQS server, this machine's Redis, Tansu (Kafka).
 
 moto runs as its own process on a free port of 127.0.0.1 (a real SQS endpoint over HTTP; boto3
 talks to it unchanged). Redis is the shared server at 127.0.0.1:6379 (``REDIS_URL`` overrides):
@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from airflow_batch_provider.intake.queues import BatchQueue, open_queue
+from tests.intake.kafka_broker import tansu
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -65,19 +66,33 @@ def moto_url() -> Iterator[str]:
     proc.wait(timeout=10)
 
 
-def queue_config(backend: str, moto: str | None) -> dict[str, object]:
-    """A fresh, uniquely named queue config for ``backend``."""
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """The bootstrap address of a Tansu broker (Kafka protocol, memory storage) for this test session."""
+    with tansu() as bootstrap:
+        yield bootstrap
+
+
+def queue_config(backend: str, address: str | None) -> dict[str, object]:
+    """A fresh, uniquely named queue config for ``backend`` (``address``: moto's URL or Kafka's bootstrap)."""
     name = f"abp-test-{uuid.uuid4().hex[:12]}"
     if backend == "sqs":
-        return {"backend": "sqs", "name": name, "endpoint_url": moto, "region_name": "us-east-1"}
+        return {"backend": "sqs", "name": name, "endpoint_url": address, "region_name": "us-east-1"}
+    if backend == "kafka":
+        # 3 partitions so a group spans several; a short session so a dead consumer's partitions move fast.
+        kafka = {"bootstrap_servers": address, "create_partitions": 3, "session_timeout_ms": 3000}
+        return {"backend": "kafka", "name": name, **kafka}
     return {"backend": "redis", "name": name, "url": REDIS_URL}
 
 
-@pytest.fixture(params=["sqs", "redis"])
+SERVICE_FIXTURE = {"sqs": "moto_url", "kafka": "kafka_bootstrap"}
+
+
+@pytest.fixture(params=["sqs", "redis", "kafka"])
 def queue(request: pytest.FixtureRequest) -> Iterator[BatchQueue]:
     """A new empty queue on each backend; deleted after the test."""
-    moto = request.getfixturevalue("moto_url") if request.param == "sqs" else None
-    q = open_queue(queue_config(request.param, moto))
+    service = SERVICE_FIXTURE.get(request.param)
+    q = open_queue(queue_config(request.param, request.getfixturevalue(service) if service else None))
     yield q
     q.delete()
     q.close()

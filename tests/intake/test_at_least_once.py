@@ -58,6 +58,9 @@ def _wait(condition, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+# Kafka does not tell another process what a group's members hold (claimed() below): its kill test is
+# test_kafka_queue.py's, and make chaos-stream kills its workers.
+@pytest.mark.parametrize("queue", ["sqs", "redis"], indirect=True)
 def test_killed_worker_loses_nothing_and_writes_nothing_twice(queue, tmp_path):
     db = str(tmp_path / "results.sqlite")
     create_logged_table(db, "stream_results")  # keyed like the sink's own, but each write of a row is logged
