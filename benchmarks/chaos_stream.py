@@ -1,4 +1,4 @@
-"""``make chaos-stream``: the stream worker under repeated SIGKILLs and poison, on Redis and on SQS.
+"""``make chaos-stream``: the stream worker under repeated SIGKILLs and poison, on Redis, SQS and Kafka (Tansu).
 
 For each backend: ``--requests`` good messages, plus a poison that kills its worker, a poison
 that always gets HTTP 500, and a 300 KB message written straight to the queue (past the
@@ -35,7 +35,7 @@ import orjson
 from airflow_batch_provider.intake.messages import MAX_MESSAGE_BYTES
 from airflow_batch_provider.intake.producer import BatchQueueProducer
 from airflow_batch_provider.intake.queues import BatchQueue, open_queue
-from benchmarks.stream_services import start_moto
+from benchmarks.stream_services import start_moto, start_tansu
 from benchmarks.stream_stub import CRASH_MARKER, FAIL_MARKER, StubServer
 from benchmarks.stream_supervisor import Workers, rows
 
@@ -87,6 +87,10 @@ def run_backend(backend: str, count: int, work: Path, timeout: float, kill_every
         services.append(moto)
         os.environ.update({k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")})
         config.update(endpoint_url=moto.url, region_name="us-east-1")
+    elif backend == "kafka":  # Tansu, a Kafka-protocol broker; a dead worker's partitions move after 3 s
+        broker = start_tansu(env, work)
+        services.append(broker)
+        config.update(bootstrap_servers=broker.url, create_partitions=3, session_timeout_ms=3000)
     queue = open_queue(config)
     db = str(work / f"{backend}.sqlite")
     running: list[Workers] = []
@@ -120,6 +124,46 @@ def run_backend(backend: str, count: int, work: Path, timeout: float, kill_every
         queue.close()
         for service in services:
             service.stop()
+
+
+def run_pair(count: int, work: Path, timeout: float) -> dict[str, Any]:
+    """Kafka, two workers in one group: one is SIGKILLed mid-group and stays dead; the other finishes.
+
+    Good messages only (a poison's crash could not tell which worker sent it). The survivor gets
+    the dead worker's partitions after the session timeout and reads them from the last
+    committed offset: what the dead one wrote is acknowledged without a model request.
+    """
+    env = dict(os.environ)
+    broker = start_tansu(env, work)
+    config: dict[str, Any] = {"backend": "kafka", "name": f"abp-chaos-pair-{uuid.uuid4().hex[:8]}"}
+    config.update(bootstrap_servers=broker.url, create_partitions=4, session_timeout_ms=3000)
+    queue = open_queue(config)
+    db = str(work / "kafka-pair.sqlite")
+    pair: list[Workers] = []
+    try:
+        with StubServer() as stub:
+            pair.extend(Workers(config, stub.base_url, db, str(work / f"pair-{n}.log"), *WORKER_ARGS) for n in "ab")
+            producer = BatchQueueProducer(queue, max_depth=10 * count + 100)
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                good = set(pool.map(lambda i: producer.submit(f"question {i}", request_id=f"p{i:06d}"), range(count)))
+            started = time.monotonic()
+            for workers in pair:
+                workers.start()
+            while stub.requests < count // 3 and time.monotonic() < started + timeout:
+                time.sleep(0.02)
+            pair[0].kill()  # mid-group: its claims are not acknowledged, its partitions still assigned to it
+            while time.monotonic() < started + timeout and queue.stats().depth > 0:
+                time.sleep(0.5)
+            seconds = time.monotonic() - started
+            result = summarise("kafka", good, rows(db), stub, queue.dead_letters(), 1, seconds, queue)
+            # The kill pays again for what was in flight: at most --max-concurrency (1) request.
+            within = result["model_requests"] <= 1.005 * result["accepted"] + 1
+            return {"workers": 2, **result, "ok": _exact(result) and within}
+    finally:
+        for workers in pair:
+            workers.close()
+        queue.close()
+        broker.stop()
 
 
 def summarise(
@@ -157,20 +201,24 @@ def summarise(
     }
     if backend == "redis":
         result["consumers"] = len(queue.client.xinfo_consumers(queue.name, "aggregator"))  # type: ignore[attr-defined]
-    result["ok"] = (
+    result["ok"] = _exact(result) and result["model_requests"] <= 1.005 * result["accepted"] + poison_tries
+    return result
+
+
+def _exact(result: dict[str, Any]) -> bool:
+    """Every accepted request written once, no good one dead-lettered."""
+    return (
         result["missing"] == 0
         and result["rows"] == result["distinct"] == result["accepted"]
         and result["good_dead_lettered"] == 0
-        and result["model_requests"] <= 1.005 * result["accepted"] + poison_tries
     )
-    return result
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every backend; print one ``chaos:`` line each; return 1 if a target was missed."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=1000, help="good messages per backend")
-    parser.add_argument("--backends", default="redis,sqs")
+    parser.add_argument("--backends", default="redis,sqs,kafka")
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds per backend before giving up (default 120 + 0.5 / request)"
     )
@@ -183,9 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.backends.split(","):
             timeout = args.timeout or 120.0 + 0.5 * args.requests
             kill_every = args.kill_every or max(10, args.requests // 3)
-            result = run_backend(backend.strip(), args.requests, work, timeout, kill_every)
-            ok = ok and result["ok"]
-            print("chaos: " + " ".join(f"{k}={v}" for k, v in result.items() if k != "ok") + f" ok={result['ok']}")
+            results = [run_backend(backend.strip(), args.requests, work, timeout, kill_every)]
+            if backend.strip() == "kafka":
+                results.append(run_pair(args.requests, work, timeout))
+            for result in results:
+                ok = ok and result["ok"]
+                print("chaos: " + " ".join(f"{k}={v}" for k, v in result.items() if k != "ok") + f" ok={result['ok']}")
     finally:
         if args.keep:
             print(f"chaos: logs and output in {work}")
