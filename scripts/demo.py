@@ -418,7 +418,9 @@ def cost_explanation(summary: dict[str, Any], estimate_line: str | None, emulate
     if est_in and guess_in and sent_in:  # a ratio only of two figures of this run, both non-zero
         counted = f"the estimate counted whole requests, response schema included: {est_in.group(2)}"
         billed = (
-            "the emulator bills message text at 4 characters a token" if emulated else "the provider counts its way"
+            "the emulator bills by a characters-per-token rule in place of the provider's tokenizer"
+            if emulated
+            else "the provider counts its way"
         )
         why.append(f"input billed {sent_in / guess_in:.0%} of the tokens counted ({counted}; {billed})")
     if guess_out and sent_out:
