@@ -15,7 +15,8 @@ for prompt caching (issue 40): ``_SUMMARY.json`` gained the cache keys (``cached
 ``cache_write_tokens``, ``uncached_cost_usd``, ``cache_saved_usd``) and the emulator counts Claude
 input tokens as the estimate does, which changed the Anthropic parts' and carry files'
 ``input_tokens`` (request files, descriptors and manifests are unchanged: the example's system
-prompt is too short to cache). Job
+prompt is too short to cache); and for the carried rerun's ``_SUMMARY.json``, whose cost comparison
+now reads ``$0`` for nothing billed instead of ``$0.000000``. Job
 folder names (run_id plus a hash) do not show: paths are normalised. Regenerate them only for an
 intended format change: ``ABP_RECORD_GOLDEN=1 pytest tests/test_job_folder_golden.py``.
 
