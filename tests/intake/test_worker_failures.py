@@ -59,7 +59,26 @@ def test_a_crash_between_write_and_ack_does_not_send_the_group_again(queue, tmp_
     assert len(ids) == len(set(ids)) == 32
 
 
-def test_a_poison_that_crashes_its_worker_is_halved_down_and_dead_lettered_alone(queue, tmp_path):
+@pytest.fixture
+def whole_group_queue(queue):
+    """The queue; on Kafka a one-partition topic instead.
+
+    A warm spare that joins a Kafka consumer group is assigned partitions of its own at once, so the 16
+    messages would be split between two workers' groups (seen in CI: a first group of 4, 3 tries); the
+    spare of Redis or SQS only waits for a claim. With one partition the spare holds nothing until the
+    active worker dies, as on the other backends.
+    """
+    if queue.backend != "kafka":
+        yield queue
+        return
+    single = open_queue({**queue.config(), "name": f"{queue.name}-one", "create_partitions": 1})
+    yield single
+    single.delete()
+    single.close()
+
+
+def test_a_poison_that_crashes_its_worker_is_halved_down_and_dead_lettered_alone(whole_group_queue, tmp_path):
+    queue = whole_group_queue
     db = str(tmp_path / "out.sqlite")
     running: list[Workers] = []
     with StubServer(on_crash=lambda: running[0].kill()) as stub:
