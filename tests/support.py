@@ -91,3 +91,20 @@ def write_chunk(
         "fingerprint": hashlib.sha256(payload).hexdigest(),
         "label": f"chunk {index + 1}/{num_chunks} ({len(lines):,} req)",
     }
+
+
+def write_distribution(root: Path, name: str, entry_points: dict[str, dict[str, str]]) -> None:
+    """Write ``name``'s packaging metadata under ``root``, as installing its wheel would.
+
+    ``entry_points`` is group → entry name → ``"module:attr"``. With ``root`` on ``sys.path``,
+    ``importlib.metadata`` finds the distribution and its entry points like any installed one; the
+    module files themselves are the caller's to write.
+    """
+    dist_info = root / f"{name.replace('-', '_')}-0.1.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    sections = (
+        f"[{group}]\n" + "".join(f"{entry} = {target}\n" for entry, target in targets.items())
+        for group, targets in entry_points.items()
+    )
+    (dist_info / "entry_points.txt").write_text("\n".join(sections))

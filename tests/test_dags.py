@@ -13,6 +13,7 @@ import pytest
 from airflow_batch_provider.backends.registry import backend_names
 from airflow_batch_provider.operators.batch_job import LLMBatchJob
 from tests.conftest import REPO_ROOT
+from tests.support import write_distribution
 
 DAG_FILES = sorted((REPO_ROOT / "dags").glob("*.py"))
 
@@ -143,14 +144,9 @@ def test_a_backend_from_another_package_runs_in_the_shipped_dag_unedited(tmp_pat
     """An installed distribution registers a backend by entry point: the nightly DAG offers it as a
     provider (no closed enum refuses it) and, with no model given, uses the model the backend names."""
     site = tmp_path / "site"
-    (site / "acme_batch-1.0.dist-info").mkdir(parents=True)
+    site.mkdir()
     (site / "acme_batch.py").write_text(ACME_BACKEND)
-    (site / "acme_batch-1.0.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: acme-batch\nVersion: 1.0\n"
-    )
-    (site / "acme_batch-1.0.dist-info" / "entry_points.txt").write_text(
-        "[airflow_batch_provider.backends]\nacme = acme_batch:AcmeBackend\n"
-    )
+    write_distribution(site, "acme-batch", {"airflow_batch_provider.backends": {"acme": "acme_batch:AcmeBackend"}})
     code = (
         "from airflow.dag_processing.dagbag import DagBag\n"
         f"dag = DagBag(dag_folder={str(REPO_ROOT / 'dags' / 'nightly_product_classification.py')!r}).dags"

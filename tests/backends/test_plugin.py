@@ -29,6 +29,7 @@ from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.get_provider_info import get_provider_info
 from airflow_batch_provider.hooks.registry import hook_class_for
 from airflow_batch_provider.links import console_url
+from tests.support import write_distribution
 
 TOY_BACKEND = '''
 """A toy backend: {custom_id, prompt} lines; 10 requests a batch."""
@@ -119,10 +120,7 @@ def install_toy(root: Path) -> None:
     (package / "__init__.py").write_text(textwrap.dedent(TOY_BACKEND))
     (package / "requests.py").write_text(textwrap.dedent(TOY_RENDERER))
     (package / "hook.py").write_text(textwrap.dedent(TOY_HOOK))
-    dist_info = root / "toy_backend-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\ntoy = toy_backend:ToyBackend\n")
+    write_distribution(root, "toy-backend", {ENTRY_POINT_GROUP: {"toy": "toy_backend:ToyBackend"}})
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from airflow_batch_provider.batches.token_budget import is_token_limit_refusal
 from airflow_batch_provider.chunking.spec import RequestSpec
 from airflow_batch_provider.exceptions import InvalidInputError
 from airflow_batch_provider.status import BatchState, BatchStatus
+from tests.support import write_distribution
 
 QUEUE = """
 from airflow_batch_provider.backends.base import Backend
@@ -56,10 +57,7 @@ class QueueBackend(Backend):
 @pytest.fixture
 def queue_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     (tmp_path / "queue_backend.py").write_text(textwrap.dedent(QUEUE))
-    dist_info = tmp_path / "queue_backend-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: queue-backend\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\nqueue = queue_backend:QueueBackend\n")
+    write_distribution(tmp_path, "queue-backend", {ENTRY_POINT_GROUP: {"queue": "queue_backend:QueueBackend"}})
     monkeypatch.syspath_prepend(str(tmp_path))
     forget_backends()
     yield

@@ -16,6 +16,7 @@ import pytest
 
 from airflow_batch_provider.backends.registry import ENTRY_POINT_GROUP, backend_names, forget_backends
 from airflow_batch_provider.cost.tokens import request_parts
+from tests.support import write_distribution
 
 # Named to sort before every built-in; claims OpenAI-shaped lines with a large chat overhead.
 LOOKALIKE = """
@@ -58,12 +59,8 @@ LINE = {
 @pytest.fixture
 def lookalike(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     (tmp_path / "lookalike_backend.py").write_text(textwrap.dedent(LOOKALIKE))
-    dist_info = tmp_path / "lookalike_backend-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: lookalike-backend\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(
-        f"[{ENTRY_POINT_GROUP}]\naaa-lookalike = lookalike_backend:LookalikeBackend\n"
-    )
+    targets = {"aaa-lookalike": "lookalike_backend:LookalikeBackend"}
+    write_distribution(tmp_path, "lookalike-backend", {ENTRY_POINT_GROUP: targets})
     monkeypatch.syspath_prepend(str(tmp_path))
     forget_backends()
     yield

@@ -18,6 +18,7 @@ import pytest
 from airflow_batch_emulator.config import EmulatorConfig
 from airflow_batch_emulator.extensions import ROUTES_GROUP
 from airflow_batch_emulator.server import BatchEmulator
+from tests.support import write_distribution
 
 TOY_FAKE = """
 from airflow_batch_emulator.extensions import RouteSet
@@ -74,10 +75,7 @@ class ToyRoutes(RouteSet):
 def toy_fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Install a package whose only tie to the emulator is its entry point; return its module once loaded."""
     (tmp_path / "toy_fake.py").write_text(textwrap.dedent(TOY_FAKE))
-    dist_info = tmp_path / "toy_fake-0.1.dist-info"
-    dist_info.mkdir()
-    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-fake\nVersion: 0.1\n")
-    (dist_info / "entry_points.txt").write_text(f"[{ROUTES_GROUP}]\ntoy = toy_fake:ToyRoutes\n")
+    write_distribution(tmp_path, "toy-fake", {ROUTES_GROUP: {"toy": "toy_fake:ToyRoutes"}})
     monkeypatch.syspath_prepend(str(tmp_path))
     yield
     sys.modules.pop("toy_fake", None)
