@@ -52,6 +52,16 @@ def _op(tmp_path, provider: str = "openai", rows: int = 40, **kwargs) -> ChunkOp
     )
 
 
+def _two_rows(tmp_path, template: str, **kwargs) -> ChunkOperator:
+    """A two-row job for the cases ``_op``'s fixed model and template do not fit."""
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", "y"]}), path)
+    job_dir = str(tmp_path / "job")
+    return ChunkOperator(
+        task_id="chunk", source=str(path), job_dir=job_dir, prompt_template=template, id_column="id", **kwargs
+    )
+
+
 def _realtime(emulator) -> int:
     return emulator.stats()["realtime"].get("requests", 0)
 
@@ -111,16 +121,11 @@ def test_failures_within_the_threshold_pass(tmp_path, batch_emulator_env):
 
 def test_a_request_the_provider_rejects_fails_the_canary_with_its_message(tmp_path, batch_emulator_env):
     """The emulator answers 400 for embeddings dimensions out of range, as the API does."""
-    path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", "y"]}), path)
-    op = ChunkOperator(
-        task_id="chunk",
-        source=str(path),
-        job_dir=str(tmp_path / "job"),
-        prompt_template="{text}",
+    op = _two_rows(
+        tmp_path,
+        "{text}",
         model="text-embedding-3-small",
         endpoint="/v1/embeddings",
-        id_column="id",
         request_params={"dimensions": 9000},
     )
     with pytest.raises(CanaryFailedError, match=r"HTTP 400.*dimensions.*check request_params"):
@@ -169,17 +174,8 @@ def test_bedrock_truncated_answers_stop_before_upload(tmp_path, bedrock_emulator
 
 def test_a_backend_without_a_realtime_call_logs_that_the_canary_is_skipped(tmp_path, batch_emulator_env, caplog):
     caplog.set_level(logging.INFO, logger="airflow_batch_provider.batches.canary")
-    path = tmp_path / "t.parquet"
-    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", "y"]}), path)
-    op = ChunkOperator(
-        task_id="chunk",
-        source=str(path),
-        job_dir=str(tmp_path / "job"),
-        prompt_template="Classify: {text}",
-        model="gemini-2.5-flash",
-        provider="gemini",
-        id_column="id",
-        request_params={"max_tokens": 2},
+    op = _two_rows(
+        tmp_path, "Classify: {text}", model="gemini-2.5-flash", provider="gemini", request_params={"max_tokens": 2}
     )
     assert op.execute(make_context())
     assert "canary skipped: the gemini backend has no real-time call in this provider yet" in caplog.text
